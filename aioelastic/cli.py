@@ -1,0 +1,44 @@
+"""The ``aioelastic`` command: a thin dispatcher over the subcommands each part provides.
+
+A subcommand lives next to the code it drives, in a module exposing ``add_parser(subparsers)``;
+the parser it adds sets ``handler``, a callable taking the parsed namespace and returning the
+exit status. Modules are listed here by name so ``--help`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+SUBCOMMAND_MODULES = (
+    "aioelastic.store._cli",
+    "aioelastic.agent._cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the top-level parser with every available subcommand attached."""
+    parser = argparse.ArgumentParser(
+        prog="aioelastic",
+        description="Asyncio-native coordination for elastic distributed jobs.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen subcommand; return its exit status."""
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
