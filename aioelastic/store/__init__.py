@@ -1,7 +1,6 @@
 """The async key-value store: one contract, several backends.
 
-Backends are added to ``__all__`` as they land (MemoryStore, PrefixStore, TCPStore,
-TCPStoreServer, EtcdStore).
+Backends are added to ``__all__`` as they land (TCPStore, TCPStoreServer, EtcdStore).
 """
 
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value
@@ -12,9 +11,14 @@ from aioelastic.store._errors import (
     StoreTimeoutError,
     StoreValueError,
 )
+from aioelastic.store._memory import MemoryStore, MemoryStoreStatistics
+from aioelastic.store._prefix import PrefixStore
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "MemoryStore",
+    "MemoryStoreStatistics",
+    "PrefixStore",
     "Snapshot",
     "Store",
     "StoreClosedError",

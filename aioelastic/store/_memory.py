@@ -1,0 +1,422 @@
+"""The in-process store: a dict, revisions, TTLs on an injectable clock, event-driven waits.
+
+Theory of operation. Every mutation (write, delete, expiry) takes the next revision and records
+it per key in ``_changed`` (deleted keys keep a tombstone there, so a delete is a change too).
+Waiters register an event, either on one missing key (``get``/``wait``) or on a prefix
+(``wait_for_change``); a mutation sets the events of the waiters it concerns. Expiry is lazy:
+every call first removes the keys whose deadline passed. A prefix waiter also sleeps on the
+clock until the earliest deadline under its prefix, so an expiry wakes it at the expiry time
+without any background task. Timeouts run on the same clock, so a test moves time for both.
+
+The synchronous ``*_nowait`` methods are the whole state machine; the async methods add only
+waiting. The TCP server calls the synchronous ones directly on its hot path.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import anyio
+
+from aioelastic._clock import Clock, MonotonicClock
+from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
+from aioelastic.store._errors import StoreClosedError, StoreTimeoutError, StoreValueError
+
+_TOMBSTONE_SLACK = 1024
+"""Deleted keys remembered (for change notification) beyond the number of live keys."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStoreStatistics:
+    """A snapshot of a :class:`MemoryStore`."""
+
+    keys: int
+    revision: int
+    expiring_keys: int
+    key_waiters: int
+    change_waiters: int
+
+
+def check_ttl(ttl: float | None) -> None:
+    """Raise ``ValueError`` unless ``ttl`` is None or a positive, finite number of seconds."""
+    if ttl is not None and not (ttl > 0 and math.isfinite(ttl)):
+        raise ValueError(f"ttl must be a positive, finite number of seconds, not {ttl!r}")
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a str; raise ``TypeError`` naming its type otherwise."""
+    if not isinstance(key, str):
+        raise TypeError(f"store keys must be str, not {type(key).__name__}")
+    return key
+
+
+def parse_int(key: str, value: bytes) -> int:
+    """Return the integer stored at ``key``, or raise :class:`StoreValueError`."""
+    try:
+        return int(value)
+    except ValueError:
+        raise StoreValueError(
+            f"cannot add to {key!r}: it holds {value[:40]!r}, not a decimal integer; "
+            "use a separate key for counters"
+        ) from None
+
+
+class MemoryStore(Store):
+    """A :class:`Store` held in this process; the embedded default and the TCP server's core.
+
+    ``clock`` drives TTL expiry and timeouts (default: the event loop's monotonic clock).
+    """
+
+    def __init__(self, *, clock: Clock | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
+        self.timeout = self.resolve_timeout(timeout)
+        self._realtime = isinstance(self.clock, MonotonicClock)
+        self._data: dict[str, bytes] = {}
+        self._changed: dict[str, int] = {}  # key -> revision of its last change (incl. deletes)
+        self._tombstones = 0
+        self._compacted = 0  # changes at or below this revision may have been forgotten
+        self._revision = 0
+        self._expiry: dict[str, float] = {}
+        self._deadlines: list[tuple[float, str]] = []  # heap; stale entries skipped lazily
+        self._key_waiters: dict[str, list[anyio.Event]] = {}
+        self._change_waiters: list[tuple[str, anyio.Event]] = []
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        return "memory"
+
+    @property
+    def revision(self) -> int:
+        """The revision of the last mutation (0 for a fresh store)."""
+        return self._revision
+
+    def statistics(self) -> MemoryStoreStatistics:
+        """Return a snapshot of the store's size and waiters."""
+        return MemoryStoreStatistics(
+            keys=len(self._data),
+            revision=self._revision,
+            expiring_keys=len(self._expiry),
+            key_waiters=sum(len(events) for events in self._key_waiters.values()),
+            change_waiters=len(self._change_waiters),
+        )
+
+    # -- mutations: the only places that change state -------------------------------------
+
+    def _changed_keys(self, keys: Sequence[str]) -> None:
+        """Record a change of ``keys`` at the next revision and wake who waits on them."""
+        self._revision += 1
+        revision = self._revision
+        for key in keys:
+            self._changed[key] = revision
+            if key in self._data:
+                for event in self._key_waiters.pop(key, ()):
+                    event.set()
+        if self._change_waiters:
+            kept = []
+            for prefix, event in self._change_waiters:
+                if any(key.startswith(prefix) for key in keys):
+                    event.set()
+                else:
+                    kept.append((prefix, event))
+            self._change_waiters = kept
+
+    def _store(self, key: str, value: bytes) -> None:
+        self._data[key] = value
+
+    def _set_expiry(self, key: str, ttl: float | None) -> None:
+        if ttl is None:
+            self._expiry.pop(key, None)
+            return
+        deadline = self.clock.now() + ttl
+        self._expiry[key] = deadline
+        heapq.heappush(self._deadlines, (deadline, key))
+
+    def _remove(self, key: str) -> None:
+        del self._data[key]
+        self._expiry.pop(key, None)
+        self._tombstones += 1
+
+    def _compact(self) -> None:
+        """Forget tombstones once they outnumber live keys by a margin; waiters re-read."""
+        if self._tombstones <= len(self._data) + _TOMBSTONE_SLACK:
+            return
+        self._changed = {key: rev for key, rev in self._changed.items() if key in self._data}
+        self._tombstones = 0
+        self._compacted = self._revision
+
+    def expire_due(self) -> None:
+        """Remove every key whose TTL has run out (each removal is a change)."""
+        if not self._deadlines:
+            return
+        now = self.clock.now()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, key = heapq.heappop(self._deadlines)
+            if self._expiry.get(key) == deadline:
+                self._remove(key)
+                self._changed_keys((key,))
+        self._compact()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the memory store was closed; create a new one")
+
+    # -- the synchronous state machine ----------------------------------------------------
+
+    def set_nowait(self, key: str, value: Value, *, ttl: float | None = None) -> None:
+        """Synchronous :meth:`set`."""
+        check_key(key)
+        check_ttl(ttl)
+        data = to_bytes(value)
+        self._check_open()
+        self.expire_due()
+        self._store(key, data)
+        self._set_expiry(key, ttl)
+        self._changed_keys((key,))
+
+    def get_nowait(self, keys: Sequence[str]) -> list[bytes] | None:
+        """Return the values of ``keys``, or None if any is missing."""
+        self._check_open()
+        self.expire_due()
+        data = self._data
+        try:
+            return [data[key] for key in keys]
+        except KeyError:
+            return None
+
+    def add_nowait(self, key: str, amount: int) -> int:
+        """Synchronous :meth:`add`."""
+        check_key(key)
+        if not isinstance(amount, int):
+            raise TypeError(f"add amount must be an int, not {type(amount).__name__}")
+        self._check_open()
+        self.expire_due()
+        old = self._data.get(key)
+        total = amount + (parse_int(key, old) if old is not None else 0)
+        self._store(key, str(total).encode())
+        self._changed_keys((key,))
+        return total
+
+    def compare_set_nowait(self, key: str, expected: Value, desired: Value) -> bytes:
+        """Synchronous :meth:`compare_set`."""
+        check_key(key)
+        expected_bytes, desired_bytes = to_bytes(expected), to_bytes(desired)
+        self._check_open()
+        self.expire_due()
+        current = self._data.get(key)
+        if current is None and expected_bytes:
+            return expected_bytes
+        if current is not None and current != expected_bytes:
+            return current
+        self._store(key, desired_bytes)
+        self._changed_keys((key,))
+        return desired_bytes
+
+    def check_nowait(self, keys: Sequence[str]) -> bool:
+        """Synchronous :meth:`check`."""
+        self._check_open()
+        self.expire_due()
+        return all(key in self._data for key in keys)
+
+    def delete_nowait(self, key: str) -> bool:
+        """Synchronous :meth:`delete_key`."""
+        self._check_open()
+        self.expire_due()
+        if key not in self._data:
+            return False
+        self._remove(key)
+        self._changed_keys((key,))
+        self._compact()
+        return True
+
+    def num_keys_nowait(self) -> int:
+        """Synchronous :meth:`num_keys`."""
+        self._check_open()
+        self.expire_due()
+        return len(self._data)
+
+    def multi_set_nowait(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        """Synchronous :meth:`multi_set`: every key changes at one revision."""
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set got {len(keys)} keys but {len(values)} values")
+        pairs = [(check_key(key), to_bytes(value)) for key, value in zip(keys, values, strict=True)]
+        self._check_open()
+        self.expire_due()
+        if not pairs:
+            return
+        for key, value in pairs:
+            self._store(key, value)
+            self._expiry.pop(key, None)
+        self._changed_keys([key for key, _ in pairs])
+
+    def append_nowait(self, key: str, value: Value) -> None:
+        """Synchronous :meth:`append`."""
+        check_key(key)
+        data = to_bytes(value)
+        self._check_open()
+        self.expire_due()
+        self._store(key, self._data.get(key, b"") + data)
+        self._changed_keys((key,))
+
+    def get_prefix_nowait(self, prefix: str) -> Snapshot:
+        """Synchronous :meth:`get_prefix`."""
+        self._check_open()
+        self.expire_due()
+        items = {key: value for key, value in self._data.items() if key.startswith(prefix)}
+        return Snapshot(self._revision, items)
+
+    def changed_since(self, prefix: str, after: int) -> bool:
+        """Return whether a key under ``prefix`` changed at a revision above ``after``.
+
+        Also true when that history was compacted away: the caller re-reads.
+        """
+        self._check_open()
+        self.expire_due()
+        if after >= self._revision:
+            return False
+        if after < self._compacted:
+            return True
+        return any(rev > after and key.startswith(prefix) for key, rev in self._changed.items())
+
+    def _next_expiry(self, prefix: str) -> float:
+        """The earliest TTL deadline of a key under ``prefix`` (``inf`` if none)."""
+        return min(
+            (deadline for key, deadline in self._expiry.items() if key.startswith(prefix)),
+            default=math.inf,
+        )
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    async def _wait_event(self, event: anyio.Event, deadline: float) -> bool:
+        """Wait for ``event`` until ``deadline`` on the store's clock; return whether it fired."""
+        if deadline == math.inf:
+            await event.wait()
+        elif self._realtime:
+            with anyio.CancelScope(deadline=deadline):
+                await event.wait()
+        else:
+            async with anyio.create_task_group() as tg:
+
+                async def alarm() -> None:
+                    await self.clock.sleep_until(deadline)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(alarm)
+                await event.wait()
+                tg.cancel_scope.cancel()
+        return event.is_set()
+
+    def _deadline(self, timeout: float | None) -> tuple[float, float]:
+        resolved = self.resolve_timeout(timeout)
+        return resolved, self.clock.now() + resolved
+
+    async def _wait_keys(self, keys: Sequence[str], timeout: float | None) -> list[bytes]:
+        for key in keys:
+            check_key(key)
+        resolved, deadline = self._deadline(timeout)
+        while True:
+            values = self.get_nowait(keys)
+            if values is not None:
+                return values
+            missing = [key for key in keys if key not in self._data]
+            event = anyio.Event()
+            waiters = self._key_waiters.setdefault(missing[0], [])
+            waiters.append(event)
+            try:
+                fired = await self._wait_event(event, deadline)
+            finally:
+                if not event.is_set():
+                    waiters.remove(event)
+                    if not waiters and self._key_waiters.get(missing[0]) is waiters:
+                        del self._key_waiters[missing[0]]
+            if not fired and self.get_nowait(keys) is None:
+                raise StoreTimeoutError(
+                    [key for key in keys if key not in self._data], resolved, self.endpoint
+                )
+
+    # -- the Store contract -----------------------------------------------------------------
+
+    async def set(self, key: str, value: Value, *, ttl: float | None = None) -> None:
+        self.set_nowait(key, value, ttl=ttl)
+        await anyio.lowlevel.checkpoint()
+
+    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+        return (await self._wait_keys((check_key(key),), timeout))[0]
+
+    async def add(self, key: str, amount: int) -> int:
+        total = self.add_nowait(key, amount)
+        await anyio.lowlevel.checkpoint()
+        return total
+
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        stored = self.compare_set_nowait(key, expected, desired)
+        await anyio.lowlevel.checkpoint()
+        return stored
+
+    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+        await self._wait_keys(keys, timeout)
+
+    async def check(self, keys: Sequence[str]) -> bool:
+        found = self.check_nowait(keys)
+        await anyio.lowlevel.checkpoint()
+        return found
+
+    async def delete_key(self, key: str) -> bool:
+        existed = self.delete_nowait(key)
+        await anyio.lowlevel.checkpoint()
+        return existed
+
+    async def num_keys(self) -> int:
+        count = self.num_keys_nowait()
+        await anyio.lowlevel.checkpoint()
+        return count
+
+    async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
+        return await self._wait_keys(keys, timeout)
+
+    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        self.multi_set_nowait(keys, values)
+        await anyio.lowlevel.checkpoint()
+
+    async def append(self, key: str, value: Value) -> None:
+        self.append_nowait(key, value)
+        await anyio.lowlevel.checkpoint()
+
+    async def get_prefix(self, prefix: str) -> Snapshot:
+        snapshot = self.get_prefix_nowait(check_key(prefix))
+        await anyio.lowlevel.checkpoint()
+        return snapshot
+
+    async def wait_for_change(
+        self, prefix: str, *, after: int, timeout: float | None = None
+    ) -> int:
+        check_key(prefix)
+        resolved, deadline = self._deadline(timeout)
+        while not self.changed_since(prefix, after):
+            event = anyio.Event()
+            waiter = (prefix, event)
+            self._change_waiters.append(waiter)
+            try:
+                fired = await self._wait_event(event, min(deadline, self._next_expiry(prefix)))
+            finally:
+                if not event.is_set():
+                    self._change_waiters.remove(waiter)
+            if not fired and self.clock.now() >= deadline and not self.changed_since(prefix, after):
+                raise StoreTimeoutError([f"{prefix}*"], resolved, self.endpoint)
+        await anyio.lowlevel.checkpoint()
+        return self._revision
+
+    async def aclose(self) -> None:
+        """Refuse further calls; calls waiting now raise :class:`StoreClosedError`."""
+        self._closed = True
+        for events in self._key_waiters.values():
+            for event in events:
+                event.set()
+        for _, event in self._change_waiters:
+            event.set()
+        self._key_waiters.clear()
+        self._change_waiters.clear()
+        await anyio.lowlevel.checkpoint()

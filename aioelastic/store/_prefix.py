@@ -1,0 +1,97 @@
+"""A view of another store in which every key lives under ``prefix/``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aioelastic.store._api import Snapshot, Store, Value
+from aioelastic.store._errors import StoreTimeoutError
+
+
+class PrefixStore(Store):
+    """A :class:`Store` that reads and writes ``store`` under ``prefix + "/"``.
+
+    Like torch's ``PrefixStore``, it does not own ``store``: closing the view leaves the
+    underlying store open. :meth:`num_keys` counts only the keys under the prefix.
+    """
+
+    def __init__(self, prefix: str, store: Store) -> None:
+        if not isinstance(prefix, str):
+            raise TypeError(f"the prefix must be str, not {type(prefix).__name__}")
+        self.prefix = prefix
+        self.store = store
+        self.timeout = store.timeout
+        self._head = f"{prefix}/"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.store.endpoint} under {self._head!r}"
+
+    def _key(self, key: str) -> str:
+        if not isinstance(key, str):
+            raise TypeError(f"store keys must be str, not {type(key).__name__}")
+        return self._head + key
+
+    def _keys(self, keys: Sequence[str]) -> list[str]:
+        return [self._key(key) for key in keys]
+
+    def _unprefixed(self, error: StoreTimeoutError) -> StoreTimeoutError:
+        """Name the caller's keys, not the prefixed ones, in a timeout."""
+        size = len(self._head)
+        keys = [key[size:] if key.startswith(self._head) else key for key in error.keys]
+        return StoreTimeoutError(keys, error.timeout, self.endpoint)
+
+    async def set(self, key: str, value: Value, *, ttl: float | None = None) -> None:
+        await self.store.set(self._key(key), value, ttl=ttl)
+
+    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+        try:
+            return await self.store.get(self._key(key), timeout=timeout)
+        except StoreTimeoutError as error:
+            raise self._unprefixed(error) from None
+
+    async def add(self, key: str, amount: int) -> int:
+        return await self.store.add(self._key(key), amount)
+
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        return await self.store.compare_set(self._key(key), expected, desired)
+
+    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+        try:
+            await self.store.wait(self._keys(keys), timeout=timeout)
+        except StoreTimeoutError as error:
+            raise self._unprefixed(error) from None
+
+    async def check(self, keys: Sequence[str]) -> bool:
+        return await self.store.check(self._keys(keys))
+
+    async def delete_key(self, key: str) -> bool:
+        return await self.store.delete_key(self._key(key))
+
+    async def num_keys(self) -> int:
+        return len((await self.store.get_prefix(self._head)).items)
+
+    async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
+        try:
+            return await self.store.multi_get(self._keys(keys), timeout=timeout)
+        except StoreTimeoutError as error:
+            raise self._unprefixed(error) from None
+
+    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        await self.store.multi_set(self._keys(keys), values)
+
+    async def append(self, key: str, value: Value) -> None:
+        await self.store.append(self._key(key), value)
+
+    async def get_prefix(self, prefix: str) -> Snapshot:
+        snapshot = await self.store.get_prefix(self._key(prefix))
+        size = len(self._head)
+        return Snapshot(snapshot.revision, {k[size:]: v for k, v in snapshot.items.items()})
+
+    async def wait_for_change(
+        self, prefix: str, *, after: int, timeout: float | None = None
+    ) -> int:
+        try:
+            return await self.store.wait_for_change(self._key(prefix), after=after, timeout=timeout)
+        except StoreTimeoutError as error:
+            raise self._unprefixed(error) from None
