@@ -1,0 +1,66 @@
+"""Watchdog timers: a process (or task) arms a timer and is reaped if it does not release it.
+
+``FileTimerServer``/``FileTimerClient`` speak PyTorch's FileTimer wire format over a FIFO;
+``LocalTimerServer``/``LocalTimerClient`` do the same in-process. ``expires()`` arms a timer for
+a block, as ``async with`` or ``with``.
+"""
+
+from aioelastic.timer._api import Expiry, TimerClient, configure, expires
+from aioelastic.timer._codec import PIPE_BUF, LineDecoder, Rejection, TimerRequest, encode_request
+from aioelastic.timer._errors import (
+    NoTimerClientError,
+    RequestTooLargeError,
+    ScopeExpiredError,
+    TimerConfigError,
+    TimerError,
+    TimerServerUnavailableError,
+)
+from aioelastic.timer._events import (
+    ProcessExited,
+    RejectReason,
+    RequestRejected,
+    TimerAcquired,
+    TimerEvent,
+    TimerExpired,
+    TimerReaped,
+    TimerReleased,
+    TimerServerStatistics,
+)
+from aioelastic.timer._file import FileTimerClient, FileTimerServer
+from aioelastic.timer._heap import DeadlineHeap, Timer
+from aioelastic.timer._local import LocalTimerClient, LocalTimerServer
+from aioelastic.timer._policy import WatchPolicy
+
+__all__ = [
+    "PIPE_BUF",
+    "DeadlineHeap",
+    "Expiry",
+    "FileTimerClient",
+    "FileTimerServer",
+    "LineDecoder",
+    "LocalTimerClient",
+    "LocalTimerServer",
+    "NoTimerClientError",
+    "ProcessExited",
+    "RejectReason",
+    "Rejection",
+    "RequestRejected",
+    "RequestTooLargeError",
+    "ScopeExpiredError",
+    "Timer",
+    "TimerAcquired",
+    "TimerClient",
+    "TimerConfigError",
+    "TimerError",
+    "TimerEvent",
+    "TimerExpired",
+    "TimerReaped",
+    "TimerReleased",
+    "TimerRequest",
+    "TimerServerStatistics",
+    "TimerServerUnavailableError",
+    "WatchPolicy",
+    "configure",
+    "encode_request",
+    "expires",
+]

@@ -1,0 +1,122 @@
+"""The client side every timer shares: ``TimerClient``, ``configure`` and ``expires``."""
+
+from __future__ import annotations
+
+import abc
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+
+import anyio
+
+from aioelastic.timer._errors import NoTimerClientError, ScopeExpiredError
+
+
+class TimerClient(abc.ABC):
+    """Arms and releases countdown timers of the calling process on a timer server.
+
+    ``expiration_time`` is an absolute wall-clock time (``time.time()``), as in PyTorch. The
+    async methods serve coroutines; the ``_sync`` ones serve plain synchronous code and threads.
+    """
+
+    @abc.abstractmethod
+    async def acquire(self, scope_id: str, expiration_time: float) -> None:
+        """Arm (or re-arm) the timer for ``scope_id`` to expire at ``expiration_time``."""
+
+    @abc.abstractmethod
+    async def release(self, scope_id: str) -> None:
+        """Disarm the timer for ``scope_id``; releasing an unknown scope is a no-op."""
+
+    @abc.abstractmethod
+    def acquire_sync(self, scope_id: str, expiration_time: float) -> None:
+        """Blocking form of :meth:`acquire`, for synchronous code."""
+
+    @abc.abstractmethod
+    def release_sync(self, scope_id: str) -> None:
+        """Blocking form of :meth:`release`, for synchronous code."""
+
+    async def acquire_cancellable(
+        self, scope_id: str, expiration_time: float, cancel: Callable[[], None]
+    ) -> None:
+        """Like :meth:`acquire`; in-process servers call ``cancel`` on expiry, others ignore it."""
+        await self.acquire(scope_id, expiration_time)
+
+
+_default_client: TimerClient | None = None
+
+
+def configure(client: TimerClient | None) -> None:
+    """Set the client ``expires()`` uses when none is passed (``None`` unsets it)."""
+    global _default_client
+    _default_client = client
+
+
+class Expiry:
+    """A timer armed for the duration of a block: ``with`` or ``async with`` (see ``expires``)."""
+
+    def __init__(self, after: float, scope_id: str, client: TimerClient) -> None:
+        self.after = after
+        self.scope_id = scope_id
+        self.client = client
+        self._cancel_scope: anyio.CancelScope | None = None
+
+    def __enter__(self) -> Expiry:
+        self.client.acquire_sync(self.scope_id, time.time() + self.after)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.client.release_sync(self.scope_id)
+
+    async def __aenter__(self) -> Expiry:
+        scope = anyio.CancelScope()
+        scope.__enter__()
+        try:
+            await self.client.acquire_cancellable(
+                self.scope_id, time.time() + self.after, scope.cancel
+            )
+        except BaseException:
+            scope.__exit__(None, None, None)
+            raise
+        self._cancel_scope = scope
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        scope, self._cancel_scope = self._cancel_scope, None
+        assert scope is not None, "Expiry exited without being entered"
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.client.release(self.scope_id)
+        finally:
+            swallowed = scope.__exit__(exc_type, exc, tb)
+        if swallowed:
+            raise ScopeExpiredError(self.scope_id, self.after) from exc
+        return False
+
+
+def expires(after: float, scope: str | None = None, client: TimerClient | None = None) -> Expiry:
+    """Arm a timer that expires ``after`` seconds from now unless the block finishes first.
+
+    Use as ``async with expires(after=30):`` in coroutines or ``with expires(after=30):`` in
+    synchronous code. The default ``scope`` names the calling line and is unique per call, so
+    nested, recursive and concurrent uses never share a timer. An exception in the block
+    propagates and the timer is still released.
+    """
+    chosen = client if client is not None else _default_client
+    if chosen is None:
+        raise NoTimerClientError
+    if scope is None:
+        frame = sys._getframe(1)
+        scope = f"{frame.f_code.co_filename}:{frame.f_lineno}#{uuid.uuid4().hex[:12]}"
+    return Expiry(after, scope, chosen)

@@ -1,0 +1,152 @@
+"""The pure FIFO wire codec: one JSON object per line, version 1 exactly as PyTorch writes it.
+
+``encode_request`` produces the bytes a client writes in one ``os.write``; ``LineDecoder`` turns
+whatever a read returned into requests and rejections. Partial lines are buffered until their
+newline arrives; a line longer than ``PIPE_BUF`` cannot have been written atomically, so it is
+discarded up to its newline and reported once. A bad line costs that line only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aioelastic.timer._events import RejectReason
+
+PIPE_BUF = 4096
+"""Largest write the kernel keeps atomic on a pipe (Linux); lines are capped at this size."""
+
+WIRE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TimerRequest:
+    """An acquire (``expiration_time >= 0``, wall clock) or release (negative) for a scope.
+
+    ``signal`` is what the server sends when the timer expires; ``<= 0`` means report only.
+    """
+
+    pid: int
+    scope_id: str
+    expiration_time: float
+    signal: int = 0
+
+    @property
+    def is_release(self) -> bool:
+        return self.expiration_time < 0
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A line the decoder could not turn into a request."""
+
+    reason: RejectReason
+    detail: str
+    pid: int | None = None
+
+
+def encode_request(request: TimerRequest) -> bytes:
+    """Encode ``request`` as one version-1 line, byte-for-byte what PyTorch's client writes."""
+    body = json.dumps(
+        {
+            "version": WIRE_VERSION,
+            "pid": request.pid,
+            "scope_id": request.scope_id,
+            "expiration_time": request.expiration_time,
+            "signal": request.signal,
+        }
+    )
+    return body.encode() + b"\n"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _snippet(line: bytes) -> str:
+    text = line[:120].decode("utf-8", "backslashreplace")
+    return text + ("..." if len(line) > 120 else "")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+_FIELDS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
+    ("pid", _is_int, "an integer"),
+    ("scope_id", _is_str, "a string"),
+    ("expiration_time", _is_number, "a number"),
+    ("signal", _is_int, "an integer"),
+)
+
+
+def decode_line(line: bytes) -> TimerRequest | Rejection:
+    """Decode one line (without its newline)."""
+    if len(line) >= PIPE_BUF:
+        return Rejection(RejectReason.TOO_LONG, f"line of {len(line) + 1} bytes: {_snippet(line)}")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Rejection(RejectReason.NOT_UTF8, f"{exc.reason} at byte {exc.start}")
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        return Rejection(RejectReason.INVALID_JSON, f"{exc}: {_snippet(line)}")
+    if not isinstance(obj, dict):
+        return Rejection(RejectReason.NOT_AN_OBJECT, f"not a JSON object: {_snippet(line)}")
+    pid = obj.get("pid")
+    pid = pid if _is_int(pid) else None
+    version = obj.get("version")
+    if version != WIRE_VERSION or not _is_int(version):
+        return Rejection(RejectReason.UNSUPPORTED_VERSION, f"version {version!r}, expected 1", pid)
+    for name, valid, kind in _FIELDS:
+        if name not in obj:
+            return Rejection(RejectReason.MISSING_FIELD, f"no {name!r} field", pid)
+        value = obj[name]
+        if not valid(value):
+            return Rejection(RejectReason.WRONG_TYPE, f"{name!r} is {value!r}, not {kind}", pid)
+    expiration = obj["expiration_time"]
+    if not math.isfinite(expiration):
+        return Rejection(RejectReason.BAD_VALUE, f"expiration_time is {expiration!r}", pid)
+    return TimerRequest(obj["pid"], obj["scope_id"], float(expiration), obj["signal"])
+
+
+class LineDecoder:
+    """Split a byte stream into lines and decode each; keeps the partial tail between feeds."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self._skipping = False
+
+    @property
+    def pending(self) -> int:
+        """Bytes buffered for a line whose newline has not arrived yet."""
+        return len(self._tail)
+
+    def feed(self, data: bytes) -> list[TimerRequest | Rejection]:
+        """Decode every complete line in ``data`` (after what was buffered)."""
+        out: list[TimerRequest | Rejection] = []
+        lines = (self._tail + data).split(b"\n") if self._tail else data.split(b"\n")
+        tail = lines.pop()
+        for line in lines:
+            if self._skipping:
+                self._skipping = False
+                continue
+            if line.strip():
+                out.append(decode_line(line))
+        if self._skipping:
+            tail = b""
+        elif len(tail) >= PIPE_BUF:
+            out.append(
+                Rejection(RejectReason.TOO_LONG, f"line over {PIPE_BUF} bytes: {_snippet(tail)}")
+            )
+            self._skipping = True
+            tail = b""
+        self._tail = tail
+        return out

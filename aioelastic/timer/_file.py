@@ -1,0 +1,393 @@
+"""The FIFO watchdog: ``FileTimerServer`` and ``FileTimerClient``, wire-compatible with PyTorch.
+
+The server reads the FIFO through a descriptor opened read-write and non-blocking, so it never
+sees end-of-file when writers come and go, and waits with ``anyio.wait_readable`` (no thread,
+no polling). Each process that acquires a timer is admitted once: safety rules and the watch
+policy are checked and a pidfd is opened; the pidfd becoming readable means the process
+exited and its timers are dropped; signals go through the pidfd, so a recycled pid is never hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import select
+import shutil
+import signal as _signal
+import stat
+import tempfile
+import termios
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskStatus
+
+from aioelastic._clock import Clock
+from aioelastic.timer._api import TimerClient
+from aioelastic.timer._codec import PIPE_BUF, LineDecoder, Rejection, TimerRequest, encode_request
+from aioelastic.timer._errors import (
+    RequestTooLargeError,
+    TimerConfigError,
+    TimerServerUnavailableError,
+)
+from aioelastic.timer._events import (
+    ProcessExited,
+    RejectReason,
+    TimerExpired,
+    TimerReaped,
+)
+from aioelastic.timer._heap import Timer
+from aioelastic.timer._policy import WatchPolicy, forbidden_reason
+from aioelastic.timer._server import EventCallback, LogEvent, TimerServerBase, as_request, logger
+
+_READ_SIZE = 1 << 16
+_DRAIN_READS = 16
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+BeforeReap = Callable[[TimerExpired], Awaitable[None]]
+
+
+@dataclass(eq=False, slots=True)
+class _Process:
+    """A watched process: its pidfd and whether it has exited."""
+
+    pid: int
+    pidfd: int
+    exited: anyio.Event = field(default_factory=anyio.Event)
+
+
+class FileTimerServer(TimerServerBase):
+    """Serves timer requests written to a FIFO by any process on this host.
+
+    ``async with server:`` creates the FIFO (mode 0600) and serves until the block exits, then
+    removes it; ``await task_group.start(server.serve)`` serves inside the caller's task group.
+    With ``file_path=None`` the FIFO is created in a new private directory (``file_path`` tells
+    where once serving). ``max_interval`` and ``daemon`` are accepted for PyTorch signature
+    compatibility and unused: expiry happens at each deadline.
+
+    Reaping sends the request's signal (``<= 0``: report only). With ``kill_grace`` set,
+    SIGTERM goes first and the request's signal follows if the process outlives the grace
+    period; ``before_reap`` (for example a stack dump) runs first, bounded by ``hook_timeout``.
+    ``watch`` restricts which processes may hold timers (default: the server's own user).
+    """
+
+    def __init__(
+        self,
+        file_path: str | os.PathLike[str] | None,
+        run_id: str = "",
+        max_interval: float | None = None,
+        daemon: bool = True,
+        log_event: LogEvent | None = None,
+        *,
+        on_event: EventCallback | None = None,
+        watch: WatchPolicy | None = None,
+        kill_grace: float | None = None,
+        before_reap: BeforeReap | None = None,
+        hook_timeout: float = 5.0,
+        pipe_size: int = 1 << 20,
+        clock: Clock | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(
+            run_id, log_event=log_event, on_event=on_event, clock=clock, wall_clock=wall_clock
+        )
+        if kill_grace is not None and kill_grace < 0:
+            raise TimerConfigError(f"kill_grace must be >= 0 seconds, got {kill_grace!r}")
+        self._requested_path = None if file_path is None else os.fspath(file_path)
+        self._path: str | None = None
+        self._private_dir: str | None = None
+        self._watch = watch if watch is not None else WatchPolicy.same_user()
+        self._kill_grace = kill_grace
+        self._before_reap = before_reap
+        self._hook_timeout = hook_timeout
+        self._pipe_size = pipe_size
+        self._fd: int | None = None
+        self._processes: dict[int, _Process] = {}
+        self._own_pid = os.getpid()
+        self._own_pgid = os.getpgrp()
+
+    @property
+    def file_path(self) -> str:
+        """The FIFO's path (chosen at start when the server was given ``None``)."""
+        path = self._path or self._requested_path
+        if path is None:
+            raise RuntimeError("the FIFO path is chosen when the server starts serving")
+        return path
+
+    @property
+    def watch(self) -> WatchPolicy:
+        """The policy deciding which processes may hold timers."""
+        return self._watch
+
+    def get_last_progress_time(self) -> int:
+        """Wall time (s) the server last made progress; now if it has nothing waiting.
+
+        Something waits when bytes sit unread in the FIFO or a deadline has passed unhandled.
+        """
+        now = time.time()
+        if self._fd is None:
+            return int(now)
+        pending = int.from_bytes(
+            fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"), "little", signed=True
+        )
+        deadline = self._heap.next_deadline()
+        overdue = deadline is not None and deadline < self._clock.now()
+        return int(self._last_progress if pending or overdue else now)
+
+    # -- FIFO -----------------------------------------------------------------------------
+
+    def _create_fifo(self) -> str:
+        if self._requested_path is None:
+            self._private_dir = tempfile.mkdtemp(prefix="aioelastic-timer-")
+            path = os.path.join(self._private_dir, "timer.fifo")
+        else:
+            path = self._requested_path
+            with contextlib.suppress(FileNotFoundError):
+                mode = os.lstat(path).st_mode
+                if not stat.S_ISFIFO(mode):
+                    raise TimerConfigError(
+                        f"{path!r} exists and is not a FIFO; remove it or pass another file_path"
+                    )
+                logger.warning("replacing the existing FIFO %r (left by an earlier server?)", path)
+                os.unlink(path)
+        os.mkfifo(path, 0o600)
+        os.chmod(path, 0o600)
+        return path
+
+    async def _serve_requests(self, *, task_status: TaskStatus[None]) -> None:
+        path = self._create_fifo()
+        # Read-write: the server is a writer too, so readers never see EOF between clients.
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        inode = os.fstat(fd).st_ino
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, self._pipe_size)
+        self._path, self._fd = path, fd
+        try:
+            logger.info("timer server %r reading %r", self.run_id, path)
+            task_status.started()
+            await self._read_forever(fd)
+        finally:
+            self._fd = None
+            anyio.notify_closing(fd)
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                if os.lstat(path).st_ino == inode:
+                    os.unlink(path)
+            if self._private_dir is not None:
+                shutil.rmtree(self._private_dir, ignore_errors=True)
+                self._private_dir = None
+            for process in list(self._processes.values()):
+                self._close_process(process)
+
+    async def _read_forever(self, fd: int) -> None:
+        decoder = LineDecoder()
+        while True:
+            await anyio.wait_readable(fd)
+            for _ in range(_DRAIN_READS):
+                try:
+                    data = os.read(fd, _READ_SIZE)
+                except BlockingIOError:
+                    break
+                self._apply(decoder.feed(data))
+                if len(data) < _READ_SIZE:
+                    break
+
+    # -- processes ------------------------------------------------------------------------
+
+    def _watched_processes(self) -> int:
+        return len(self._processes)
+
+    def _admit(self, pid: int) -> Rejection | None:
+        if pid in self._processes:
+            return None
+        reason = forbidden_reason(pid, own_pid=self._own_pid, own_pgid=self._own_pgid)
+        if reason is not None:
+            return Rejection(RejectReason.FORBIDDEN_PID, reason, pid)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return Rejection(RejectReason.NO_SUCH_PROCESS, f"pid {pid} does not exist", pid)
+        except OSError as exc:
+            return Rejection(RejectReason.NO_SUCH_PROCESS, f"pid {pid}: {exc}", pid)
+        reason = self._watch.check(pid)
+        # Checked after the pidfd was opened: if that process is still alive, the answer was
+        # about it and not about a process that reused its pid.
+        if reason is None and select.select([pidfd], [], [], 0)[0]:
+            reason = f"pid {pid} exited while being admitted"
+        if reason is not None:
+            os.close(pidfd)
+            return Rejection(RejectReason.NOT_WATCHED, f"{reason} ({self._watch.description})", pid)
+        process = _Process(pid, pidfd)
+        self._processes[pid] = process
+        self._spawn(self._watch_exit, process)
+        return None
+
+    async def _watch_exit(self, process: _Process) -> None:
+        try:
+            await anyio.wait_readable(process.pidfd)
+        except anyio.ClosedResourceError:
+            return
+        dropped = self._heap.release_pid(process.pid)
+        self._close_process(process)
+        logger.debug("pid %d exited; dropped %d timer(s)", process.pid, len(dropped))
+        self._emit(ProcessExited(process.pid, tuple(t.scope_id for t in dropped)))
+
+    def _close_process(self, process: _Process) -> None:
+        if self._processes.get(process.pid) is process:
+            del self._processes[process.pid]
+        if not process.exited.is_set():
+            process.exited.set()
+            anyio.notify_closing(process.pidfd)
+            os.close(process.pidfd)
+
+    # -- reaping --------------------------------------------------------------------------
+
+    def _on_expired(self, timer: Timer, expired: TimerExpired) -> None:
+        if timer.signal > 0:
+            # Like PyTorch: a reaped process's other timers go with it.
+            self._heap.release_pid(timer.pid)
+            self._spawn(self._reap, timer, expired)
+
+    async def _reap(self, timer: Timer, expired: TimerExpired) -> None:
+        process = self._processes.get(timer.pid)
+        if process is None:
+            return
+        if self._before_reap is not None:
+            with anyio.move_on_after(self._hook_timeout):
+                try:
+                    await self._before_reap(expired)
+                except Exception:
+                    logger.exception("before_reap hook failed for pid %d", timer.pid)
+        escalated = False
+        if self._kill_grace is not None and timer.signal != _signal.SIGTERM:
+            if not self._send(process, _signal.SIGTERM):
+                return
+            if await self._exits_by(process, self._clock.now() + self._kill_grace):
+                self._reaped_event(timer, _signal.SIGTERM, escalated=False)
+                return
+            escalated = True
+        if self._send(process, timer.signal):
+            self._reaped_event(timer, timer.signal, escalated=escalated)
+
+    def _send(self, process: _Process, signum: int) -> bool:
+        if process.exited.is_set():
+            return False
+        try:
+            _signal.pidfd_send_signal(process.pidfd, signum)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            logger.exception("could not send signal %d to pid %d", signum, process.pid)
+            return False
+        return True
+
+    def _reaped_event(self, timer: Timer, signum: int, *, escalated: bool) -> None:
+        self._reaped += 1
+        logger.warning(
+            "reaped pid %d with signal %d: scope %r expired", timer.pid, signum, timer.scope_id
+        )
+        self._emit(
+            TimerReaped(
+                timer.pid, timer.scope_id, signum, timer.deadline, timer.expiration_time, escalated
+            )
+        )
+        self._log("kill worker process", as_request(timer))
+
+    async def _exits_by(self, process: _Process, deadline: float) -> bool:
+        """Wait until ``process`` exits or ``deadline`` passes; true if it exited."""
+        async with anyio.create_task_group() as group:
+
+            async def stop_at_deadline() -> None:
+                await self._clock.sleep_until(deadline)
+                group.cancel_scope.cancel()
+
+            group.start_soon(stop_at_deadline)
+            await process.exited.wait()
+            group.cancel_scope.cancel()
+        return process.exited.is_set()
+
+
+class FileTimerClient(TimerClient):
+    """Sends this process's timer requests to a :class:`FileTimerServer` (or PyTorch's).
+
+    Each request is one atomic write on a FIFO opened write-only and non-blocking, then closed
+    (PyTorch's server needs the close to see the line promptly). When no server reads the FIFO
+    the client retries for ``connect_timeout`` seconds, then raises
+    :class:`TimerServerUnavailableError`.
+    """
+
+    def __init__(
+        self,
+        file_path: str | os.PathLike[str],
+        signal: int = _signal.SIGKILL,
+        *,
+        connect_timeout: float = 1.0,
+        retry_interval: float = 0.05,
+    ) -> None:
+        self.file_path = os.fspath(file_path)
+        self.signal = int(signal)
+        self.connect_timeout = connect_timeout
+        self.retry_interval = retry_interval
+
+    def __repr__(self) -> str:
+        return f"FileTimerClient({self.file_path!r}, signal={self.signal})"
+
+    async def acquire(self, scope_id: str, expiration_time: float) -> None:
+        await self._send(self._encode(scope_id, expiration_time, self.signal))
+
+    async def release(self, scope_id: str) -> None:
+        await self._send(self._encode(scope_id, -1, 0))
+
+    def acquire_sync(self, scope_id: str, expiration_time: float) -> None:
+        self._send_sync(self._encode(scope_id, expiration_time, self.signal))
+
+    def release_sync(self, scope_id: str) -> None:
+        self._send_sync(self._encode(scope_id, -1, 0))
+
+    def _encode(self, scope_id: str, expiration_time: float, signum: int) -> bytes:
+        line = encode_request(TimerRequest(os.getpid(), scope_id, expiration_time, signum))
+        if len(line) > PIPE_BUF:
+            raise RequestTooLargeError(len(line), PIPE_BUF, scope_id)
+        return line
+
+    def _try_write(self, line: bytes) -> str | None:
+        """Write ``line`` in one go; on failure, say why."""
+        try:
+            fd = os.open(self.file_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return "the FIFO does not exist"
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                return "nobody has it open for reading"
+            return f"cannot open it: {exc.strerror}"
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                return "it is not a FIFO"
+            os.write(fd, line)
+        except BlockingIOError:
+            return "the pipe is full (the server is not reading)"
+        except BrokenPipeError:
+            return "the reader went away"
+        finally:
+            os.close(fd)
+        return None
+
+    async def _send(self, line: bytes) -> None:
+        start = time.monotonic()
+        while (reason := self._try_write(line)) is not None:
+            waited = time.monotonic() - start
+            if waited >= self.connect_timeout:
+                raise TimerServerUnavailableError(self.file_path, waited, reason)
+            await anyio.sleep(self.retry_interval)
+
+    def _send_sync(self, line: bytes) -> None:
+        start = time.monotonic()
+        while (reason := self._try_write(line)) is not None:
+            waited = time.monotonic() - start
+            if waited >= self.connect_timeout:
+                raise TimerServerUnavailableError(self.file_path, waited, reason)
+            time.sleep(self.retry_interval)

@@ -1,0 +1,256 @@
+"""The part every timer server shares: apply requests to the deadline heap, expire at deadlines.
+
+A server owns a :class:`DeadlineHeap` and one expiry task that sleeps until the earliest
+deadline (woken early when an earlier one is armed), then hands each due timer to the
+subclass's ``_on_expired``. Deadlines are on the server's monotonic clock: a request's wall-clock
+``expiration_time`` is converted once, when it arrives, so a later wall-clock step does not
+move it. Subclasses feed requests in (``_apply``), decide who may hold timers (``_admit``) and
+how to reap.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Self
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from aioelastic._clock import Clock, MonotonicClock
+from aioelastic.timer._codec import Rejection, TimerRequest
+from aioelastic.timer._events import (
+    RejectReason,
+    RequestRejected,
+    TimerAcquired,
+    TimerEvent,
+    TimerExpired,
+    TimerReleased,
+    TimerServerStatistics,
+)
+from aioelastic.timer._heap import DeadlineHeap, Timer
+
+logger = logging.getLogger("aioelastic.timer")
+
+LogEvent = Callable[[str, TimerRequest | None], None]
+"""PyTorch's ``log_event(name, request)`` hook: "watchdog started", "timer expired", ..."""
+
+EventCallback = Callable[[TimerEvent], None]
+
+
+def as_request(timer: Timer) -> TimerRequest:
+    """The request that armed ``timer`` (what ``log_event`` receives)."""
+    return TimerRequest(timer.pid, timer.scope_id, timer.expiration_time, timer.signal)
+
+
+class TimerServerBase(abc.ABC):
+    """Heap, expiry task, events and statistics; subclasses add a request source and reaping."""
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        log_event: LogEvent | None,
+        on_event: EventCallback | None,
+        clock: Clock | None,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.run_id = run_id
+        self._log_event = log_event
+        self._subscribers: list[EventCallback] = [on_event] if on_event is not None else []
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._wall_clock = wall_clock
+        self._heap = DeadlineHeap()
+        self._task_group: TaskGroup | None = None
+        self._owned_group: TaskGroup | None = None
+        self._sleep_scope: anyio.CancelScope | None = None
+        self._sleeping_until = math.inf
+        self._requests = 0
+        self._acquires = 0
+        self._releases = 0
+        self._expired = 0
+        self._reaped = 0
+        self._rejected: Counter[RejectReason] = Counter()
+        self._last_progress = time.time()
+
+    # -- public surface -------------------------------------------------------------------
+
+    def subscribe(self, callback: EventCallback) -> Callable[[], None]:
+        """Deliver every event to ``callback``; returns a function that unsubscribes it."""
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def statistics(self) -> TimerServerStatistics:
+        """A snapshot of the counters."""
+        return TimerServerStatistics(
+            active_timers=len(self._heap),
+            watched_processes=self._watched_processes(),
+            requests=self._requests,
+            acquires=self._acquires,
+            releases=self._releases,
+            expired=self._expired,
+            reaped=self._reaped,
+            rejected=dict(self._rejected),
+        )
+
+    async def __aenter__(self) -> Self:
+        group = anyio.create_task_group()
+        await group.__aenter__()
+        try:
+            await group.start(self.serve)
+        except BaseException as exc:
+            await group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._owned_group = group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        group, self._owned_group = self._owned_group, None
+        assert group is not None, "the server was exited without being entered"
+        group.cancel_scope.cancel()
+        return await group.__aexit__(exc_type, exc, tb)
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; ``await task_group.start(server.serve)`` returns once ready."""
+        if self._task_group is not None:
+            raise RuntimeError(f"{type(self).__name__} is already serving")
+        try:
+            async with anyio.create_task_group() as group:
+                self._task_group = group
+                await group.start(self._serve_requests)
+                group.start_soon(self._expire_loop)
+                self._last_progress = time.time()
+                self._log("watchdog started", None)
+                task_status.started()
+        finally:
+            self._task_group = None
+            self._log("watchdog stopped", None)
+
+    # -- for subclasses -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _serve_requests(self, *, task_status: TaskStatus[None]) -> None:
+        """Read requests from the source and ``_apply`` them, forever."""
+
+    @abc.abstractmethod
+    def _admit(self, pid: int) -> Rejection | None:
+        """Decide whether ``pid`` may hold timers (``None`` = yes)."""
+
+    @abc.abstractmethod
+    def _on_expired(self, timer: Timer, expired: TimerExpired) -> None:
+        """Act on an expired timer (already removed from the heap and reported)."""
+
+    def _watched_processes(self) -> int:
+        return 0
+
+    def _emit(self, event: TimerEvent) -> None:
+        for callback in tuple(self._subscribers):
+            try:
+                callback(event)
+            except Exception:
+                logger.exception("timer event subscriber %r failed on %r", callback, event)
+
+    def _log(self, name: str, request: TimerRequest | None) -> None:
+        if self._log_event is not None:
+            try:
+                self._log_event(name, request)
+            except Exception:
+                logger.exception("log_event failed on %r", name)
+
+    def _spawn(self, func: Callable[..., object], *args: object) -> None:
+        assert self._task_group is not None
+        self._task_group.start_soon(func, *args)  # type: ignore[arg-type]
+
+    def _apply(self, items: Iterable[TimerRequest | Rejection]) -> None:
+        """Apply decoded requests in order; a rejection costs only its own line."""
+        now = self._clock.now()
+        offset = now - self._wall_clock()
+        heap, emit = self._heap, bool(self._subscribers)
+        earliest = math.inf
+        for item in items:
+            self._requests += 1
+            if isinstance(item, Rejection):
+                self._reject(item)
+                continue
+            key = (item.pid, item.scope_id)
+            if item.expiration_time < 0:
+                self._releases += 1
+                if heap.release(key) is not None and emit:
+                    self._emit(TimerReleased(item.pid, item.scope_id))
+                continue
+            rejection = self._admit(item.pid)
+            if rejection is not None:
+                self._reject(rejection)
+                continue
+            self._acquires += 1
+            deadline = item.expiration_time + offset
+            heap.arm(Timer(item.pid, item.scope_id, deadline, item.expiration_time, item.signal))
+            earliest = min(earliest, deadline)
+            if emit:
+                self._emit(
+                    TimerAcquired(
+                        item.pid, item.scope_id, deadline, item.expiration_time, item.signal
+                    )
+                )
+        self._last_progress = time.time()
+        if earliest < self._sleeping_until and self._sleep_scope is not None:
+            self._sleeping_until = -math.inf
+            self._sleep_scope.cancel()
+
+    def _reject(self, rejection: Rejection) -> None:
+        self._rejected[rejection.reason] += 1
+        logger.warning(
+            "timer server %r dropped a request (%s): %s",
+            self.run_id,
+            rejection.reason.value,
+            rejection.detail,
+        )
+        if self._subscribers:
+            self._emit(RequestRejected(rejection.reason, rejection.detail, rejection.pid))
+
+    async def _expire_loop(self) -> None:
+        while True:
+            deadline = self._heap.next_deadline()
+            with anyio.CancelScope() as scope:
+                self._sleep_scope = scope
+                self._sleeping_until = math.inf if deadline is None else deadline
+                if deadline is None:
+                    await anyio.sleep_forever()
+                else:
+                    await self._clock.sleep_until(deadline)
+            self._sleep_scope = None
+            self._expire_due(self._clock.now())
+
+    def _expire_due(self, now: float) -> None:
+        for timer in self._heap.pop_due(now):
+            self._expired += 1
+            expired = TimerExpired(
+                timer.pid,
+                timer.scope_id,
+                timer.deadline,
+                timer.expiration_time,
+                timer.signal,
+                late=now - timer.deadline,
+            )
+            logger.warning(
+                "timer %r of pid %d expired (%.3f s late)", timer.scope_id, timer.pid, expired.late
+            )
+            self._emit(expired)
+            self._log("timer expired", as_request(timer))
+            self._on_expired(timer, expired)
+        self._last_progress = time.time()
