@@ -39,3 +39,37 @@ class StoreValueError(StoreError, ValueError):
 
 class StoreClosedError(StoreError):
     """The store was used after it was closed."""
+
+
+class StoreProtocolError(StoreError):
+    """Bytes on the wire do not follow the TCP store protocol.
+
+    ``request_id`` names the request the bad frame carried, when it could be read, so a server
+    can refuse that request alone and keep the connection.
+    """
+
+    def __init__(self, reason: str, request_id: int | None = None) -> None:
+        self.reason = reason
+        self.request_id = request_id
+        super().__init__(reason)
+
+
+class StoreRefusedError(StoreConnectionError):
+    """The server refused the connection (wrong or missing token, protocol version mismatch)."""
+
+
+class StoreOutcomeUnknownError(StoreConnectionError):
+    """The connection was lost after a non-idempotent call was sent and before its reply.
+
+    The call (``add``, ``compare_set``, ``append``, ``delete_key``) may or may not have been
+    applied; it is not re-sent, so it is never applied twice. Read the key to find out.
+    """
+
+    def __init__(self, endpoint: str, operation: str, key: str) -> None:
+        self.operation = operation
+        self.key = key
+        super().__init__(
+            endpoint,
+            f"the connection was lost before the reply to {operation}({key!r}); it may or may "
+            "not have been applied and was not re-sent: read the key to find out",
+        )

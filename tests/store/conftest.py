@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic.store import MemoryStore, PrefixStore, Store
+from aioelastic.store import MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from aioelastic.testing import ManualClock
 
-BACKENDS = ["memory", "prefix"]
+BACKENDS = ["memory", "prefix", "tcp"]
 """Every store backend the conformance suite runs on."""
 
 ASYNCIO_ONLY: set[str] = set()
@@ -89,6 +89,19 @@ async def prefix_store(clock: ManualClock) -> AsyncIterator[PrefixStore]:
         await inner.set("outside", b"not under the prefix")
         async with PrefixStore("job", inner) as store:
             yield store
+
+
+@pytest.fixture
+async def tcp_server(clock: ManualClock) -> AsyncIterator[TCPStoreServer]:
+    """A real TCP store server on a free loopback port, on the test's clock."""
+    async with TCPStoreServer(clock=clock) as server:
+        yield server
+
+
+@pytest.fixture
+async def tcp_store(tcp_server: TCPStoreServer) -> AsyncIterator[TCPStore]:
+    async with TCPStore("127.0.0.1", tcp_server.port) as store:
+        yield store
 
 
 def _backend_name(anyio_backend: Any) -> str:

@@ -1,0 +1,442 @@
+"""The TCP store client: one connection, many concurrent requests, reconnection with backoff.
+
+Each call encodes a frame with a fresh request id, sends it and waits for the reply with that
+id; a reader task routes replies to their calls, so any number of calls share the connection.
+Waits are held by the server: a call's timeout travels with the request and the server answers
+``TIMEOUT`` on its own clock (the client keeps a looser bound of its own in case the server
+stalls).
+
+When the connection drops, a supervisor task reconnects with exponential backoff. Calls that
+only read, and ``set``/``multi_set`` (writing the same value twice leaves the same state), are
+re-sent on the new connection. ``add``, ``compare_set``, ``append`` and ``delete_key`` are not:
+if one was sent and its reply never came, it raises :class:`StoreOutcomeUnknownError`, because
+re-sending could apply it twice. If the server restarted (a new epoch), its keys are gone and
+every pending call fails with :class:`StoreConnectionError` instead of being re-sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Self
+
+import anyio
+import anyio.abc
+
+from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
+from aioelastic.store._errors import (
+    StoreClosedError,
+    StoreConnectionError,
+    StoreError,
+    StoreOutcomeUnknownError,
+    StoreProtocolError,
+    StoreRefusedError,
+    StoreTimeoutError,
+    StoreValueError,
+)
+from aioelastic.store._memory import check_key, check_ttl
+from aioelastic.store._tcp_codec import (
+    DEFAULT_MAX_FRAME_SIZE,
+    Field,
+    FrameReader,
+    Op,
+    Reply,
+    Status,
+    decode_reply,
+    encode_preamble,
+    encode_request,
+)
+
+log = logging.getLogger("aioelastic.store.tcp")
+
+_RECEIVE_SIZE = 65536
+_REPLY_GRACE = 10.0
+"""How long after a wait's timeout the client gives up on the server's own timeout reply."""
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 2.0
+
+_UNSAFE_TO_RESEND = frozenset({Op.ADD, Op.COMPARE_SET, Op.APPEND, Op.DELETE_KEY})
+"""Operations that could be applied twice if re-sent after a lost reply."""
+
+
+class _Connection:
+    """A handshaken connection and what arrived after the handshake."""
+
+    def __init__(self, stream: anyio.abc.SocketStream, reader: FrameReader, epoch: int) -> None:
+        self.stream = stream
+        self.reader = reader
+        self.epoch = epoch
+        self.early: list[bytes] = []
+        self.lock = anyio.Lock()
+        self.alive = True
+
+    async def send(self, data: bytes) -> None:
+        """Send whole frames; shielded, so a cancelled caller never leaves half a frame."""
+        with anyio.CancelScope(shield=True):
+            async with self.lock:
+                await self.stream.send(data)
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    """One request in flight: its frame, where it was sent, and its outcome."""
+
+    op: Op
+    frame: bytes
+    subject: str
+    event: anyio.Event
+    sent_on: _Connection | None = None
+    reply: Reply | None = None
+    error: StoreError | None = None
+
+    def finish(self, reply: Reply | None = None, error: StoreError | None = None) -> None:
+        self.reply, self.error = reply, error
+        self.event.set()
+
+
+class TCPStore(Store):
+    """A :class:`Store` served by a :class:`TCPStoreServer` at ``host:port``.
+
+    Use as ``async with TCPStore(host, port) as store:``; entering connects (retrying with
+    backoff for up to ``connect_timeout`` seconds) and raises :class:`StoreConnectionError` if
+    the server cannot be reached, or :class:`StoreRefusedError` if it refuses the token.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        token: str | bytes | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: float = 30.0,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.timeout = self.resolve_timeout(timeout)
+        self.connect_timeout = connect_timeout
+        self.max_frame_size = max_frame_size
+        self._token = token.encode() if isinstance(token, str) else (token or b"")
+        self._calls: dict[int, _Call] = {}
+        self._next_id = 0
+        self._connection: _Connection | None = None
+        self._connected: anyio.Event | None = None
+        self._fatal: StoreError | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    # -- connection management ----------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._task_group is not None or self._closed:
+            raise RuntimeError("a TCPStore can be entered only once")
+        connection = await self._connect(self.connect_timeout)
+        self._connection = connection
+        self._connected = anyio.Event()
+        self._connected.set()
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        task_group.start_soon(self._supervise, connection)
+        self._task_group = task_group
+        return self
+
+    async def aclose(self) -> None:
+        """Close the connection; calls still waiting raise :class:`StoreClosedError`."""
+        self._closed = True
+        self._fail_all(StoreClosedError(f"the store client for {self.endpoint} was closed"))
+        task_group, self._task_group = self._task_group, None
+        if task_group is not None:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
+        if self._connection is not None:
+            await self._connection.stream.aclose()
+            self._connection = None
+
+    async def _connect_once(self) -> _Connection:
+        stream = await anyio.connect_tcp(self.host, self.port)
+        try:
+            await stream.send(encode_preamble() + encode_request(Op.HELLO, 0, self._token))
+            reader = FrameReader(self.max_frame_size)
+            bodies: list[bytes] = []
+            while not bodies:
+                bodies = reader.feed(await stream.receive(_RECEIVE_SIZE))
+            reply = decode_reply(bodies[0])
+            if reply.status is Status.REFUSED:
+                raise StoreRefusedError(
+                    self.endpoint, f"refused the connection: {reply.fields[0]!s}"
+                )
+            if reply.status is not Status.WELCOME:
+                raise StoreProtocolError(f"expected WELCOME, got {reply.status.name}")
+            epoch = reply.fields[0]
+            assert isinstance(epoch, int)
+            connection = _Connection(stream, reader, epoch)
+            connection.early = bodies[1:]
+            return connection
+        except BaseException:
+            await anyio.aclose_forcefully(stream)
+            raise
+
+    async def _connect(self, within: float) -> _Connection:
+        """Connect, retrying with exponential backoff for up to ``within`` seconds."""
+        deadline = anyio.current_time() + within
+        delay = _BACKOFF_FIRST
+        while True:
+            try:
+                with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
+                    return await self._connect_once()
+            except StoreRefusedError:
+                raise
+            except (OSError, TimeoutError, anyio.EndOfStream, StoreProtocolError) as error:
+                reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            pause = delay * random.uniform(0.5, 1.0)
+            if anyio.current_time() + pause >= deadline:
+                raise StoreConnectionError(
+                    self.endpoint,
+                    f"could not connect within {within:g} s (last error: {reason}); "
+                    "check that the store server is running and reachable",
+                )
+            await anyio.sleep(pause)
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    async def _supervise(self, connection: _Connection) -> None:
+        """Read replies; when the connection drops, reconnect and re-send what is safe."""
+        while True:
+            await self._read_replies(connection)
+            connection.alive = False
+            self._connection = None
+            self._connected = anyio.Event()
+            await anyio.aclose_forcefully(connection.stream)
+            for call in list(self._calls.values()):
+                if call.sent_on is connection and call.op in _UNSAFE_TO_RESEND:
+                    call.finish(
+                        error=StoreOutcomeUnknownError(
+                            self.endpoint, call.op.name.lower(), call.subject
+                        )
+                    )
+            connection = await self._reconnect(connection.epoch)
+            self._connection = connection
+            for call in list(self._calls.values()):
+                if call.sent_on is not None and not call.event.is_set():
+                    call.sent_on = connection
+                    await connection.send(call.frame)
+            self._connected.set()
+
+    async def _reconnect(self, epoch: int) -> _Connection:
+        """Connect again (forever, backing off); fail pending calls if that takes too long."""
+        while True:
+            try:
+                connection = await self._connect(self.connect_timeout)
+            except StoreRefusedError as error:
+                self._fatal = error
+                self._fail_all(error)
+                await anyio.sleep_forever()
+            except StoreConnectionError as error:
+                log.warning("store %s: %s", self.endpoint, error.reason)
+                self._fail_all(error)
+                continue
+            if connection.epoch != epoch:
+                self._fail_all(
+                    StoreConnectionError(
+                        self.endpoint,
+                        "the server restarted and lost its keys while this call was waiting; "
+                        "re-read what you need and write it again",
+                    )
+                )
+            log.info("store %s: reconnected", self.endpoint)
+            return connection
+
+    def _fail_all(self, error: StoreError) -> None:
+        for call in list(self._calls.values()):
+            if not call.event.is_set():
+                call.finish(error=error)
+
+    async def _read_replies(self, connection: _Connection) -> None:
+        """Route replies to their calls until the connection ends."""
+        calls = self._calls
+        bodies = connection.early
+        receive = connection.stream.receive
+        feed = connection.reader.feed
+        try:
+            while True:
+                for body in bodies:
+                    reply = decode_reply(body)
+                    call = calls.get(reply.request_id)
+                    if call is not None and call.sent_on is connection:
+                        call.finish(reply)
+                bodies = feed(await receive(_RECEIVE_SIZE))
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            log.info("store %s: connection lost", self.endpoint)
+        except StoreProtocolError as error:
+            log.warning("store %s: bad reply (%s); reconnecting", self.endpoint, error.reason)
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    async def _call(self, op: Op, subject: str, *fields: Field, wait: float | None = None) -> Reply:
+        """Send one request and return its reply; ``wait`` is the server-side timeout, if any."""
+        if self._fatal is not None:
+            raise self._fatal
+        if self._closed or self._task_group is None:
+            raise StoreClosedError(f"the store client for {self.endpoint} is not open")
+        self._next_id = request_id = (self._next_id + 1) & 0xFFFFFFFF
+        call = _Call(op, encode_request(op, request_id, *fields), subject, anyio.Event())
+        self._calls[request_id] = call
+        bound = self.timeout if wait is None else wait + _REPLY_GRACE
+        try:
+            with anyio.move_on_after(bound):
+                while call.sent_on is None and not call.event.is_set():
+                    connection = self._connection
+                    if connection is None:
+                        await self._wait_connected()
+                        continue
+                    try:
+                        await connection.send(call.frame)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        if op in _UNSAFE_TO_RESEND:
+                            raise StoreOutcomeUnknownError(
+                                self.endpoint, op.name.lower(), subject
+                            ) from None
+                        await self._wait_connected()
+                        continue
+                    call.sent_on = connection
+                await call.event.wait()
+        except anyio.get_cancelled_exc_class():
+            await self._withdraw(call, request_id)
+            raise
+        finally:
+            del self._calls[request_id]
+        if call.error is not None:
+            raise call.error
+        if call.reply is None:
+            if wait is not None:
+                raise StoreTimeoutError([subject], wait, self.endpoint)
+            raise StoreConnectionError(
+                self.endpoint, f"no reply to {op.name.lower()}({subject!r}) within {bound:g} s"
+            )
+        return self._check_reply(call.reply)
+
+    async def _wait_connected(self) -> None:
+        connected = self._connected
+        assert connected is not None
+        with anyio.move_on_after(self.connect_timeout):
+            await connected.wait()
+            return
+        raise StoreConnectionError(
+            self.endpoint, f"not connected; could not reconnect within {self.connect_timeout:g} s"
+        )
+
+    async def _withdraw(self, call: _Call, request_id: int) -> None:
+        """Tell the server to drop a waiting request whose caller was cancelled."""
+        connection = call.sent_on
+        if connection is None or not connection.alive or call.event.is_set():
+            return
+        if call.op in (Op.GET, Op.WAIT, Op.MULTI_GET, Op.WAIT_FOR_CHANGE):
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                await connection.send(encode_request(Op.CANCEL, request_id))
+
+    def _check_reply(self, reply: Reply) -> Reply:
+        status = reply.status
+        if status < Status.TIMEOUT:
+            return reply
+        if status is Status.TIMEOUT:
+            keys, timeout = reply.fields
+            raise StoreTimeoutError(keys, timeout, self.endpoint)  # type: ignore[arg-type]
+        message = str(reply.fields[0])
+        if status is Status.VALUE_ERROR:
+            raise StoreValueError(message)
+        if status is Status.INVALID:
+            raise ValueError(message)
+        if status is Status.CLOSED:
+            raise StoreClosedError(message)
+        raise StoreProtocolError(f"the server refused the request: {message}")
+
+    # -- the Store contract -----------------------------------------------------------------
+
+    async def set(self, key: str, value: Value, *, ttl: float | None = None) -> None:
+        check_ttl(ttl)
+        await self._call(Op.SET, check_key(key), key, to_bytes(value), ttl)
+
+    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+        wait = self.resolve_timeout(timeout)
+        reply = await self._call(Op.GET, check_key(key), key, float(wait), wait=wait)
+        value = reply.fields[0]
+        assert isinstance(value, bytes)
+        return value
+
+    async def add(self, key: str, amount: int) -> int:
+        if not isinstance(amount, int):
+            raise TypeError(f"add amount must be an int, not {type(amount).__name__}")
+        reply = await self._call(Op.ADD, check_key(key), key, amount)
+        total = reply.fields[0]
+        assert isinstance(total, int)
+        return total
+
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        reply = await self._call(
+            Op.COMPARE_SET, check_key(key), key, to_bytes(expected), to_bytes(desired)
+        )
+        value = reply.fields[0]
+        assert isinstance(value, bytes)
+        return value
+
+    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+        wait = self.resolve_timeout(timeout)
+        names = [check_key(key) for key in keys]
+        await self._call(Op.WAIT, ", ".join(names), names, float(wait), wait=wait)
+
+    async def check(self, keys: Sequence[str]) -> bool:
+        names = [check_key(key) for key in keys]
+        reply = await self._call(Op.CHECK, ", ".join(names), names)
+        return bool(reply.fields[0])
+
+    async def delete_key(self, key: str) -> bool:
+        reply = await self._call(Op.DELETE_KEY, check_key(key), key)
+        return bool(reply.fields[0])
+
+    async def num_keys(self) -> int:
+        reply = await self._call(Op.NUM_KEYS, "")
+        count = reply.fields[0]
+        assert isinstance(count, int)
+        return count
+
+    async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
+        wait = self.resolve_timeout(timeout)
+        names = [check_key(key) for key in keys]
+        reply = await self._call(Op.MULTI_GET, ", ".join(names), names, float(wait), wait=wait)
+        values = reply.fields[0]
+        assert isinstance(values, list)
+        return values  # type: ignore[return-value]
+
+    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set got {len(keys)} keys but {len(values)} values")
+        names = [check_key(key) for key in keys]
+        data = [to_bytes(value) for value in values]
+        await self._call(Op.MULTI_SET, ", ".join(names), names, data)
+
+    async def append(self, key: str, value: Value) -> None:
+        await self._call(Op.APPEND, check_key(key), key, to_bytes(value))
+
+    async def get_prefix(self, prefix: str) -> Snapshot:
+        reply = await self._call(Op.GET_PREFIX, check_key(prefix), prefix)
+        revision, keys, values = reply.fields
+        assert isinstance(revision, int)
+        assert isinstance(keys, list)
+        assert isinstance(values, list)
+        return Snapshot(revision, dict(zip(keys, values, strict=True)))  # type: ignore[arg-type]
+
+    async def wait_for_change(
+        self, prefix: str, *, after: int, timeout: float | None = None
+    ) -> int:
+        wait = self.resolve_timeout(timeout)
+        subject = f"{check_key(prefix)}*"
+        reply = await self._call(Op.WAIT_FOR_CHANGE, subject, prefix, after, float(wait), wait=wait)
+        revision = reply.fields[0]
+        assert isinstance(revision, int)
+        return revision

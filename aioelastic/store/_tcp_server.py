@@ -1,0 +1,501 @@
+"""The TCP store server: a :class:`MemoryStore` core served over the wire protocol.
+
+Each connection is one task that reads frames, answers every request it can answer at once
+(everything but a wait on something absent) and writes the replies of one read in one send.
+A wait that must park gets its own task in the connection's task group; it holds the wait
+server-side and sends its reply when the store wakes it. When the client disconnects, the
+connection's task group is cancelled, which withdraws its waiters from the store.
+
+Bad input costs only what it touched: a frame that decodes badly but whose request id is
+readable gets a ``BAD_REQUEST`` reply and the connection goes on; a frame whose size or header
+cannot be trusted closes that connection. Each connection logs its first problem as a warning
+(later ones at debug level) and the :meth:`TCPStoreServer.statistics` counters count them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import ipaddress
+import logging
+import math
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+import anyio
+import anyio.abc
+from anyio.abc import SocketAttribute
+
+from aioelastic._clock import Clock
+from aioelastic.store._errors import (
+    StoreClosedError,
+    StoreProtocolError,
+    StoreTimeoutError,
+    StoreValueError,
+)
+from aioelastic.store._memory import MemoryStore
+from aioelastic.store._tcp_codec import (
+    DEFAULT_MAX_FRAME_SIZE,
+    PREAMBLE_SIZE,
+    VERSION,
+    FrameReader,
+    Op,
+    Request,
+    Status,
+    decode_preamble,
+    decode_request,
+    encode_reply,
+)
+
+log = logging.getLogger("aioelastic.store.tcp")
+
+_RECEIVE_SIZE = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class TCPStoreServerStatistics:
+    """A snapshot of a :class:`TCPStoreServer`'s counters."""
+
+    connections: int
+    """Connections open now (handshake done or not)."""
+    connections_total: int
+    requests: int
+    waiting_requests: int
+    """Requests parked server-side now."""
+    bad_requests: int
+    """Requests refused with ``BAD_REQUEST`` (the connection stayed open)."""
+    dropped_connections: int
+    """Connections closed because of what they sent."""
+    refused_connections: int
+    """Connections refused at the handshake (token or version)."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class TCPStoreServer:
+    """Serves a :class:`MemoryStore` over TCP to :class:`aioelastic.store.TCPStore` clients.
+
+    ``port=0`` picks a free port; :attr:`port` reports it once serving. With ``token``, a client
+    must present the same token or is refused. ``clock`` drives TTLs and timeouts (tests pass
+    a manual clock). Use ``async with server:`` or ``await tg.start(server.serve)``.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        token: str | bytes | None = None,
+        clock: Clock | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        handshake_timeout: float = 10.0,
+    ) -> None:
+        self.host = host
+        self.requested_port = port
+        self.store = MemoryStore(clock=clock)
+        self.max_frame_size = max_frame_size
+        self.handshake_timeout = handshake_timeout
+        self.epoch = secrets.randbits(63)
+        self._token = token.encode() if isinstance(token, str) else token
+        self._port: int | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._connections = 0
+        self._connections_total = 0
+        self._requests = 0
+        self._waiting = 0
+        self._bad_requests = 0
+        self._dropped = 0
+        self._refused = 0
+
+    @property
+    def port(self) -> int:
+        """The bound port; raises ``RuntimeError`` before the server listens."""
+        if self._port is None:
+            raise RuntimeError("the server is not listening yet: use `async with server:` first")
+        return self._port
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    def statistics(self) -> TCPStoreServerStatistics:
+        """Return a snapshot of the connection and request counters."""
+        return TCPStoreServerStatistics(
+            connections=self._connections,
+            connections_total=self._connections_total,
+            requests=self._requests,
+            waiting_requests=self._waiting,
+            bad_requests=self._bad_requests,
+            dropped_connections=self._dropped,
+            refused_connections=self._refused,
+        )
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen and serve until cancelled; reports the bound port through ``task_status``."""
+        listener = await anyio.create_tcp_listener(
+            local_host=self.host, local_port=self.requested_port
+        )
+        self._port = listener.extra(SocketAttribute.local_port)
+        if self._token is None and not _is_loopback(self.host):
+            log.warning(
+                "store server on %s accepts any client: no token was given for a "
+                "non-loopback address; pass a token (--token-file) on shared networks",
+                self.endpoint,
+            )
+        log.info("store server listening on %s", self.endpoint)
+        try:
+            async with listener:
+                task_status.started(self._port)
+                await listener.serve(self._serve_connection)
+        finally:
+            await self.store.aclose()
+
+    async def __aenter__(self) -> Self:
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        try:
+            await task_group.start(self.serve)
+        except BaseException as error:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(type(error), error, error.__traceback__)
+            raise
+        self._task_group = task_group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task_group, self._task_group = self._task_group, None
+        if task_group is not None:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(exc_type, exc, tb)
+
+    async def _serve_connection(self, stream: anyio.abc.SocketStream) -> None:
+        self._connections += 1
+        self._connections_total += 1
+        try:
+            async with stream:
+                await _Connection(self, stream).run()
+        finally:
+            self._connections -= 1
+
+    def _check_token(self, offered: bytes) -> str | None:
+        """Return why ``offered`` is refused, or None if the client may proceed."""
+        if self._token is None:
+            return None
+        if not offered:
+            return "this server requires a token; pass the server's token to TCPStore(token=...)"
+        if not hmac.compare_digest(offered, self._token):
+            return "the token does not match the server's; check the token file on both ends"
+        return None
+
+
+class _Connection:
+    """One client connection: handshake, then requests until the client goes away."""
+
+    def __init__(self, server: TCPStoreServer, stream: anyio.abc.SocketStream) -> None:
+        self.server = server
+        self.store = server.store
+        self.stream = stream
+        try:
+            address = stream.extra(SocketAttribute.remote_address)
+            self.peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else address
+        except anyio.TypedAttributeLookupError:
+            self.peer = "unknown peer"
+        self.reader = FrameReader(server.max_frame_size)
+        self.send_lock = anyio.Lock()
+        self.waits: dict[int, anyio.CancelScope] = {}
+        self.reported = False
+        self.task_group: anyio.abc.TaskGroup | None = None
+        self.handlers: dict[Op, Callable[[Request], bytes | None]] = {
+            Op.SET: self._set,
+            Op.GET: self._get,
+            Op.ADD: self._add,
+            Op.COMPARE_SET: self._compare_set,
+            Op.WAIT: self._wait,
+            Op.CHECK: self._check,
+            Op.DELETE_KEY: self._delete_key,
+            Op.NUM_KEYS: self._num_keys,
+            Op.MULTI_GET: self._multi_get,
+            Op.MULTI_SET: self._multi_set,
+            Op.APPEND: self._append,
+            Op.GET_PREFIX: self._get_prefix,
+            Op.WAIT_FOR_CHANGE: self._wait_for_change,
+            Op.CANCEL: self._cancel,
+            Op.HELLO: self._hello_again,
+        }
+
+    def report(self, reason: str) -> None:
+        """Log a problem with this client: the first as a warning, the rest at debug level."""
+        level = logging.DEBUG if self.reported else logging.WARNING
+        self.reported = True
+        log.log(level, "store client %s: %s", self.peer, reason)
+
+    async def send(self, data: bytes) -> None:
+        async with self.send_lock:
+            await self.stream.send(data)
+
+    async def run(self) -> None:
+        try:
+            bodies = await self._handshake()
+            if bodies is None:
+                return
+            async with anyio.create_task_group() as task_group:
+                self.task_group = task_group
+                await self._serve(bodies)
+                task_group.cancel_scope.cancel()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the client went away; its waiters were withdrawn with the task group
+        except OSError as error:
+            log.debug("store client %s: connection error: %s", self.peer, error)
+
+    async def _refuse(self, reason: str) -> None:
+        self.server._refused += 1
+        self.report(f"refused: {reason}")
+        await self.send(encode_reply(Status.REFUSED, 0, reason))
+
+    async def _handshake(self) -> list[bytes] | None:
+        """Check preamble, version and token; return the frames that followed, or None."""
+        with anyio.move_on_after(self.server.handshake_timeout):
+            data = b""
+            while len(data) < PREAMBLE_SIZE:
+                data += await self.stream.receive()
+            try:
+                version = decode_preamble(data[:PREAMBLE_SIZE])
+            except StoreProtocolError as error:
+                self.server._dropped += 1
+                self.report(f"{error.reason}; closing the connection")
+                return None
+            if version != VERSION:
+                await self._refuse(
+                    f"the client speaks store protocol version {version}, the server {VERSION}; "
+                    "use the same aioelastic version on both ends"
+                )
+                return None
+            bodies = self._feed(data[PREAMBLE_SIZE:])
+            while not bodies:
+                bodies = self._feed(await self.stream.receive(_RECEIVE_SIZE))
+            if bodies is None:
+                return None
+            try:
+                hello = decode_request(bodies[0])
+            except StoreProtocolError as error:
+                self.server._dropped += 1
+                self.report(f"bad handshake frame: {error.reason}; closing the connection")
+                return None
+            if hello.op is not Op.HELLO:
+                await self._refuse(f"the first request must be HELLO, not {hello.op.name}")
+                return None
+            token = hello.fields[0]
+            assert isinstance(token, bytes)
+            refusal = self.server._check_token(token)
+            if refusal is not None:
+                await self._refuse(refusal)
+                return None
+            await self.send(encode_reply(Status.WELCOME, hello.request_id, self.server.epoch))
+            return bodies[1:]
+        self.server._dropped += 1
+        self.report(
+            f"no handshake within {self.server.handshake_timeout:g} s; closing the connection"
+        )
+        return None
+
+    def _feed(self, data: bytes) -> list[bytes] | None:
+        """Split received bytes into frames; None (after reporting) if the stream is bad."""
+        try:
+            return self.reader.feed(data)
+        except StoreProtocolError as error:
+            self.server._dropped += 1
+            self.report(f"{error.reason}; closing the connection")
+            return None
+
+    async def _serve(self, bodies: list[bytes]) -> None:
+        receive = self.stream.receive
+        while True:
+            if bodies:
+                replies = [reply for body in bodies if (reply := self._answer(body)) is not None]
+                if replies:
+                    await self.send(b"".join(replies))
+            try:
+                data = await receive(_RECEIVE_SIZE)
+            except anyio.EndOfStream:
+                return
+            feed = self._feed(data)
+            if feed is None:
+                return
+            bodies = feed
+
+    def _answer(self, body: bytes) -> bytes | None:
+        """Return the encoded reply to one request, or None if it has none yet."""
+        try:
+            request = decode_request(body)
+        except StoreProtocolError as error:
+            self.server._bad_requests += 1
+            self.report(f"bad request: {error.reason}")
+            if error.request_id is None:
+                return None
+            return encode_reply(Status.BAD_REQUEST, error.request_id, error.reason)
+        self.server._requests += 1
+        try:
+            return self.handlers[request.op](request)
+        except StoreValueError as error:
+            return encode_reply(Status.VALUE_ERROR, request.request_id, str(error))
+        except StoreClosedError as error:
+            return encode_reply(Status.CLOSED, request.request_id, str(error))
+        except (ValueError, TypeError) as error:
+            return encode_reply(Status.INVALID, request.request_id, str(error))
+
+    # -- requests answered at once --------------------------------------------------------
+
+    def _set(self, request: Request) -> bytes:
+        key, value, ttl = request.fields
+        self.store.set_nowait(key, value, ttl=ttl)  # type: ignore[arg-type]
+        return encode_reply(Status.OK, request.request_id)
+
+    def _add(self, request: Request) -> bytes:
+        key, amount = request.fields
+        total = self.store.add_nowait(key, amount)  # type: ignore[arg-type]
+        return encode_reply(Status.INT, request.request_id, total)
+
+    def _compare_set(self, request: Request) -> bytes:
+        key, expected, desired = request.fields
+        stored = self.store.compare_set_nowait(key, expected, desired)  # type: ignore[arg-type]
+        return encode_reply(Status.BYTES, request.request_id, stored)
+
+    def _check(self, request: Request) -> bytes:
+        (keys,) = request.fields
+        found = self.store.check_nowait(keys)  # type: ignore[arg-type]
+        return encode_reply(Status.BOOL, request.request_id, found)
+
+    def _delete_key(self, request: Request) -> bytes:
+        (key,) = request.fields
+        existed = self.store.delete_nowait(key)  # type: ignore[arg-type]
+        return encode_reply(Status.BOOL, request.request_id, existed)
+
+    def _num_keys(self, request: Request) -> bytes:
+        return encode_reply(Status.INT, request.request_id, self.store.num_keys_nowait())
+
+    def _multi_set(self, request: Request) -> bytes:
+        keys, values = request.fields
+        self.store.multi_set_nowait(keys, values)  # type: ignore[arg-type]
+        return encode_reply(Status.OK, request.request_id)
+
+    def _append(self, request: Request) -> bytes:
+        key, value = request.fields
+        self.store.append_nowait(key, value)  # type: ignore[arg-type]
+        return encode_reply(Status.OK, request.request_id)
+
+    def _get_prefix(self, request: Request) -> bytes:
+        (prefix,) = request.fields
+        snapshot = self.store.get_prefix_nowait(prefix)  # type: ignore[arg-type]
+        items = snapshot.items
+        return encode_reply(
+            Status.SNAPSHOT,
+            request.request_id,
+            snapshot.revision,
+            list(items),
+            list(items.values()),
+        )
+
+    def _hello_again(self, request: Request) -> bytes:
+        return encode_reply(Status.BAD_REQUEST, request.request_id, "HELLO was already sent")
+
+    def _cancel(self, request: Request) -> None:
+        scope = self.waits.get(request.request_id)
+        if scope is not None:
+            scope.cancel()
+
+    # -- requests that may wait -----------------------------------------------------------
+
+    def _get(self, request: Request) -> bytes | None:
+        key, _timeout = request.fields
+        values = self.store.get_nowait((key,))  # type: ignore[arg-type]
+        if values is not None:
+            return encode_reply(Status.BYTES, request.request_id, values[0])
+        return self._park(request)
+
+    def _multi_get(self, request: Request) -> bytes | None:
+        keys, _timeout = request.fields
+        values = self.store.get_nowait(keys)  # type: ignore[arg-type]
+        if values is not None:
+            return encode_reply(Status.VALUES, request.request_id, values)
+        return self._park(request)
+
+    def _wait(self, request: Request) -> bytes | None:
+        keys, _timeout = request.fields
+        if self.store.check_nowait(keys):  # type: ignore[arg-type]
+            return encode_reply(Status.OK, request.request_id)
+        return self._park(request)
+
+    def _wait_for_change(self, request: Request) -> bytes | None:
+        prefix, after, _ = request.fields
+        if self.store.changed_since(prefix, after):  # type: ignore[arg-type]
+            return encode_reply(Status.INT, request.request_id, self.store.revision)
+        return self._park(request)
+
+    def _park(self, request: Request) -> bytes | None:
+        timeout = request.fields[-1]
+        assert isinstance(timeout, float)
+        if math.isnan(timeout) or timeout < 0:
+            raise ValueError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
+        if request.request_id in self.waits:
+            return encode_reply(
+                Status.BAD_REQUEST,
+                request.request_id,
+                f"request id {request.request_id} is already waiting on this connection",
+            )
+        scope = anyio.CancelScope()
+        self.waits[request.request_id] = scope
+        assert self.task_group is not None
+        self.task_group.start_soon(self._hold, request, scope)
+        return None
+
+    async def _hold(self, request: Request, scope: anyio.CancelScope) -> None:
+        """Wait server-side, then send the reply (unless the client cancelled the request)."""
+        self.server._waiting += 1
+        reply: bytes | None = None
+        try:
+            with scope:
+                reply = await self._wait_reply(request)
+        finally:
+            self.server._waiting -= 1
+            del self.waits[request.request_id]
+        if reply is not None:
+            # If the client is gone, the connection task cleans up.
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await self.send(reply)
+
+    async def _wait_reply(self, request: Request) -> bytes:
+        store, request_id, fields = self.store, request.request_id, request.fields
+        try:
+            if request.op is Op.GET:
+                value = await store.get(fields[0], timeout=fields[1])  # type: ignore[arg-type]
+                return encode_reply(Status.BYTES, request_id, value)
+            if request.op is Op.MULTI_GET:
+                values = await store.multi_get(fields[0], timeout=fields[1])  # type: ignore[arg-type]
+                return encode_reply(Status.VALUES, request_id, values)
+            if request.op is Op.WAIT:
+                await store.wait(fields[0], timeout=fields[1])  # type: ignore[arg-type]
+                return encode_reply(Status.OK, request_id)
+            prefix, after, timeout = fields
+            revision = await store.wait_for_change(prefix, after=after, timeout=timeout)  # type: ignore[arg-type]
+            return encode_reply(Status.INT, request_id, revision)
+        except StoreTimeoutError as error:
+            return encode_reply(Status.TIMEOUT, request_id, list(error.keys), error.timeout)
+        except StoreClosedError as error:
+            return encode_reply(Status.CLOSED, request_id, str(error))
