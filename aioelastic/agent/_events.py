@@ -1,0 +1,162 @@
+"""What an agent reports: typed events, the final result and a statistics snapshot."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from aioelastic.agent._report import WorkerFailure
+
+
+class RunState(enum.StrEnum):
+    """How a run ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    """A shutdown signal stopped the run."""
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousCompleted:
+    """This node joined a round: its group rank, the node count and the workers' world size."""
+
+    group_rank: int
+    group_world_size: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersStarted:
+    """The local worker group started; ``ranks`` and ``pids`` are in local-rank order."""
+
+    restart_count: int
+    ranks: tuple[int, ...]
+    pids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSucceeded:
+    """A worker exited with status 0."""
+
+    local_rank: int
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailed:
+    """A worker failed (non-zero exit, a signal, or a watchdog reap)."""
+
+    failure: WorkerFailure
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReaped:
+    """The watchdog signalled a worker whose timer ``scope_id`` expired."""
+
+    local_rank: int
+    rank: int
+    pid: int
+    scope_id: str
+    signal: int
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipChanged:
+    """The rendezvous round became invalid; the group stops and re-rendezvouses for free."""
+
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersStopped:
+    """The local group was stopped by the agent; ``killed`` counts workers that needed SIGKILL."""
+
+    reason: str
+    signal: int
+    killed: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRestarting:
+    """A failure costs a restart: the group starts again after re-rendezvous."""
+
+    restart_count: int
+    max_restarts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownRequested:
+    """The agent received a shutdown signal."""
+
+    signal: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    """The run ended; ``result`` is what :meth:`ElasticAgent.run` returns."""
+
+    result: RunResult
+
+
+AgentEvent = (
+    RendezvousCompleted
+    | WorkersStarted
+    | WorkerSucceeded
+    | WorkerFailed
+    | WorkerReaped
+    | MembershipChanged
+    | WorkersStopped
+    | GroupRestarting
+    | ShutdownRequested
+    | RunFinished
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """The outcome of :meth:`ElasticAgent.run`.
+
+    ``returncodes`` maps each local rank of the last attempt to its exit status (minus the
+    signal number when a signal ended it). ``failures`` are the failures of the last attempt,
+    first one first; ``signal`` is the shutdown signal that stopped the run, if one did.
+    """
+
+    state: RunState
+    returncodes: Mapping[int, int] = field(default_factory=dict)
+    failures: tuple[WorkerFailure, ...] = ()
+    restart_count: int = 0
+    signal: int | None = None
+    reason: str = ""
+
+    @property
+    def first_failure(self) -> WorkerFailure | None:
+        """The root cause: the first worker that failed in the last attempt."""
+        return self.failures[0] if self.failures else None
+
+    @property
+    def exit_status(self) -> int:
+        """The launcher's exit status: 0, 1 for a failure, 128 + signal when stopped."""
+        if self.state is RunState.SUCCEEDED:
+            return 0
+        if self.state is RunState.STOPPED and self.signal is not None:
+            return 128 + self.signal
+        return 1
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatistics:
+    """A snapshot of an agent's counters."""
+
+    state: str
+    rendezvous_rounds: int
+    restart_count: int
+    membership_changes: int
+    workers_started: int
+    worker_failures: int
+    reaps: int

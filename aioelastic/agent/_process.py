@@ -1,0 +1,129 @@
+"""One worker process: started in its own session, watched and signalled through a pidfd.
+
+Why this shape (see ``platform-facts.md``): a pidfd becomes readable when the process exits,
+on every event loop, with no thread per child (asyncio 3.11's default child watcher would
+start one); signalling through it cannot hit a recycled pid. Each worker leads its own
+session, so its process group holds its grandchildren too: ``killpg`` reaches them. When the
+worker exits, its group is killed *before* the worker is reaped, while the zombie still pins
+the group id, so no recycled group is ever signalled. On Linux the worker also asks the kernel
+to SIGKILL it if the agent dies (``PR_SET_PDEATHSIG``), so even ``kill -9`` of the agent
+leaves no worker behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from typing import IO
+
+import anyio
+
+from aioelastic.agent._errors import WorkerSpawnError
+
+_PR_SET_PDEATHSIG = 1
+
+Redirect = int | IO[bytes] | None
+"""A child's stdout/stderr: inherit (None), ``subprocess.DEVNULL``, a file descriptor or file."""
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """Return a ``preexec_fn`` that makes the child die when this thread dies (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def setup() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the agent died before prctl took effect
+            os._exit(1)
+
+    return setup
+
+
+class WorkerProcess:
+    """A started worker: its pid, its pidfd, its exit status once known."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self._pidfd: int | None = os.pidfd_open(popen.pid)
+        self._exited = anyio.Event()
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        stdout: Redirect = None,
+        stderr: Redirect = None,
+        cwd: str | None = None,
+    ) -> WorkerProcess:
+        """Start ``argv`` in a new session with ``env``; raise :class:`WorkerSpawnError`."""
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+        except OSError as exc:
+            raise WorkerSpawnError(list(argv), exc) from exc
+        return cls(popen)
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once reaped: the exit code, or minus the signal that killed it."""
+        return self._popen.returncode
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the worker and every process of its group, unless it is reaped."""
+        if self._popen.returncode is None:
+            with suppress(ProcessLookupError):
+                os.killpg(self._popen.pid, signum)
+
+    async def watch(self) -> int:
+        """Wait for the worker to exit, kill what is left of its group, reap it; return status.
+
+        Exactly one task calls this; others use :meth:`wait`.
+        """
+        assert self._pidfd is not None, "watch() runs once per worker"
+        try:
+            await anyio.wait_readable(self._pidfd)
+        finally:
+            if not self._exited.is_set():
+                with anyio.CancelScope(shield=True):
+                    await self._reap()
+        return self._popen.returncode
+
+    async def _reap(self) -> None:
+        pidfd, self._pidfd = self._pidfd, None
+        assert pidfd is not None
+        with suppress(ProcessLookupError):  # leader is a zombie at most: pgid still pinned
+            os.killpg(self._popen.pid, signal.SIGKILL)
+        await anyio.wait_readable(pidfd)
+        os.close(pidfd)
+        self._popen.wait()
+        self._exited.set()
+
+    async def wait(self) -> int:
+        """Return the exit status once :meth:`watch` has reaped the worker."""
+        await self._exited.wait()
+        return self._popen.returncode
+
+    def __repr__(self) -> str:
+        return f"WorkerProcess(pid={self.pid}, returncode={self.returncode})"

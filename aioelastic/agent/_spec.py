@@ -1,0 +1,126 @@
+"""What the agent runs: :class:`WorkerSpec` (the workers of one role on this node) and
+:class:`LogSpec` (where their output goes), with torchrun's ``Std`` stream selectors."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aioelastic.agent._errors import WorkerSpecError
+
+if TYPE_CHECKING:
+    from aioelastic.rendezvous import RendezvousHandler
+
+DEFAULT_LINE_PREFIX = "[${rank}]: "
+"""Console line prefix template; ``${rank}``, ``${local_rank}`` and ``${role_name}`` expand."""
+
+
+class Std(enum.IntFlag):
+    """Which of a worker's standard streams an option applies to (torchrun's 0-3 values)."""
+
+    NONE = 0
+    OUT = 1
+    ERR = 2
+    ALL = 3
+
+    @classmethod
+    def parse(cls, text: str) -> Std | dict[int, Std]:
+        """Parse ``"3"`` (every local rank) or ``"0:1,1:2"`` (per local rank), as torchrun does."""
+        text = text.strip()
+
+        def one(value: str) -> Std:
+            number = int(value)
+            if not 0 <= number <= 3:
+                raise ValueError(number)
+            return cls(number)
+
+        try:
+            if ":" not in text:
+                return one(text or "0")
+            per_rank: dict[int, Std] = {}
+            for item in text.split(","):
+                rank, _, value = item.partition(":")
+                per_rank[int(rank)] = one(value)
+        except ValueError:
+            raise ValueError(
+                f"{text!r} is not a stream selector: use 0 (none), 1 (stdout), 2 (stderr), "
+                "3 (both), or per local rank like 0:3,1:2"
+            ) from None
+        return per_rank
+
+
+def std_for(selector: Std | Mapping[int, Std], local_rank: int) -> Std:
+    """Return the streams ``selector`` picks for ``local_rank``."""
+    if isinstance(selector, Std):
+        return selector
+    return selector.get(local_rank, Std.NONE)
+
+
+@dataclass(frozen=True, slots=True)
+class LogSpec:
+    """Where workers' output goes.
+
+    By default every line reaches the agent's console prefixed with its rank. ``redirects``
+    sends streams to files under ``log_dir`` instead; ``tee`` sends them to both. Ranks outside
+    ``local_ranks_filter`` (when given) stay off the console. ``line_prefix`` is a template
+    (``${rank}``, ``${local_rank}``, ``${role_name}``); an empty prefix lets workers write to
+    the console directly.
+    """
+
+    log_dir: str | None = None
+    redirects: Std | Mapping[int, Std] = Std.NONE
+    tee: Std | Mapping[int, Std] = Std.NONE
+    local_ranks_filter: frozenset[int] | None = None
+    line_prefix: str = DEFAULT_LINE_PREFIX
+
+    def wants_files(self, local_world_size: int) -> bool:
+        """Return whether any local rank sends a stream to a file."""
+        return any(
+            std_for(self.redirects, r) | std_for(self.tee, r) for r in range(local_world_size)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """The workers one agent runs on its node, and how it looks after them.
+
+    ``entrypoint`` and ``args`` form each worker's command line (for a Python script:
+    ``entrypoint=sys.executable, args=("-u", "train.py", ...)``). ``env`` is added to the
+    agent's own environment. ``watchdog=None`` follows ``TORCHELASTIC_ENABLE_FILE_TIMER``
+    (on unless it is ``0``). ``shutdown_timeout`` is how long stopping workers waits after the
+    polite signal before SIGKILL.
+    """
+
+    entrypoint: str
+    rdzv_handler: RendezvousHandler
+    args: tuple[str, ...] = ()
+    role: str = "default"
+    local_world_size: int = 1
+    max_restarts: int = 3
+    env: Mapping[str, str] = field(default_factory=dict)
+    watchdog: bool | None = None
+    shutdown_timeout: float = 30.0
+    exit_barrier_timeout: float = 300.0
+    logs: LogSpec = field(default_factory=LogSpec)
+
+    def __post_init__(self) -> None:
+        if not self.entrypoint:
+            raise WorkerSpecError("entrypoint", self.entrypoint, "name the program to run")
+        if self.local_world_size < 1:
+            raise WorkerSpecError("local_world_size", self.local_world_size, "must be >= 1")
+        if self.max_restarts < 0:
+            raise WorkerSpecError("max_restarts", self.max_restarts, "must be >= 0")
+        for name in ("shutdown_timeout", "exit_barrier_timeout"):
+            value = getattr(self, name)
+            if math.isnan(value) or value < 0:
+                raise WorkerSpecError(name, value, "must be a non-negative number of seconds")
+        if not self.role:
+            raise WorkerSpecError("role", self.role, "must be a non-empty name")
+
+    @property
+    def argv(self) -> list[str]:
+        """The command line each worker runs."""
+        return [self.entrypoint, *self.args]
