@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.etcd_fixtures"]
+
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is in the test extra

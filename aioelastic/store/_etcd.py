@@ -1,0 +1,762 @@
+"""A :class:`Store` on etcd v3, for jobs that must survive the loss of any one machine.
+
+Theory of operation:
+
+* **Layout.** A job's keys live under ``{prefix}kv/``; ``{prefix}ops/`` holds the markers
+  described below. etcd's revision is the store revision, so :meth:`EtcdStore.get_prefix`
+  and :meth:`EtcdStore.wait_for_change` map onto a range read and a watch from ``after + 1``.
+* **TTL keys** are attached to a lease of their own, granted with the TTL rounded up to whole
+  seconds (etcd's unit; etcd also raises very short TTLs to its minimum, 2 s by default).
+  Writing the key again with the same TTL renews that lease first; if the lease had already
+  expired (so the key had expired), an :class:`EtcdLeaseLost` event reports it.
+* **Exactly-once read-modify-write.** ``add``, ``append`` and ``compare_set`` read the key,
+  then commit a transaction that requires the key to be unchanged and also writes a unique
+  token to a marker key that only this operation uses (a *slot*, attached to the store's
+  session lease, which a task in the store's task group keeps alive). When the reply of that
+  transaction is lost, the marker says whether it was applied; every attempt also requires
+  the marker to be unchanged, so a late-arriving attempt can never apply twice.
+* **Failures.** Reads and idempotent writes retry with backoff, moving to the next endpoint;
+  a wait re-opens its watch from the same revision on another member (aetcd's watch dies
+  with its member). A compacted revision ends a wait early: the caller re-reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
+from aioelastic.store._errors import (
+    StoreClosedError,
+    StoreConnectionError,
+    StoreError,
+    StoreTimeoutError,
+)
+from aioelastic.store._etcd_rpc import (
+    EtcdConnection,
+    EtcdOutcomeUnknownError,
+    Member,
+    TLSConfig,
+    describe,
+    grpc,
+    is_not_found,
+    is_retryable,
+    is_rpc_error,
+    parse_endpoints,
+    require_extra,
+    rpc,
+)
+from aioelastic.store._memory import check_key, check_ttl, parse_int
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "/aioelastic/default/"
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdLeaseLost:
+    """A lease this store held expired before it was renewed; its keys were deleted.
+
+    ``key`` is the TTL key that lease carried, or None for the store's session lease.
+    """
+
+    lease_id: int
+    key: str | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdFailover:
+    """A call to ``endpoint`` failed; the store moved on to the next endpoint."""
+
+    endpoint: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdWatchResumed:
+    """A wait re-opened its watch from ``start_revision`` after its stream failed."""
+
+    start_revision: int
+    endpoint: str
+    detail: str
+
+
+EtcdStoreEvent = EtcdLeaseLost | EtcdFailover | EtcdWatchResumed
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdStoreStatistics:
+    """A snapshot of an :class:`EtcdStore`."""
+
+    endpoints: str
+    current_endpoint: str
+    session_lease: int | None
+    ttl_leases: int
+    failovers: int
+    leases_lost: int
+    watches_resumed: int
+    outcome_checks: int
+
+
+def _range_end(prefix: bytes) -> bytes:
+    """The end of etcd's key range holding every key that starts with ``prefix``."""
+    data = bytearray(prefix)
+    while data:
+        if data[-1] < 0xFF:
+            data[-1] += 1
+            return bytes(data)
+        data.pop()
+    return b"\0"
+
+
+class EtcdStore(Store):
+    """A :class:`Store` kept in an etcd v3 cluster (asyncio only: its gRPC client is).
+
+    ``endpoints`` is ``"host:port[,host:port...]"`` or a list; ``prefix`` separates jobs.
+    TLS: ``ca_cert`` (and ``cert``/``key`` for a client certificate), PEM files; an
+    ``https://`` endpoint with no CA uses the system's roots. ``user``/``password`` enable
+    etcd authentication. ``request_timeout`` bounds one attempt; ``retry_timeout`` how long
+    calls keep retrying (and waits tolerate an unreachable cluster) before
+    :class:`StoreConnectionError`. Use as ``async with EtcdStore(...) as store:``.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] = "127.0.0.1:2379",
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        ca_cert: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        request_timeout: float = 5.0,
+        retry_timeout: float = 30.0,
+        session_ttl: int = 30,
+        on_event: Callable[[EtcdStoreEvent], object] | None = None,
+    ) -> None:
+        require_extra()
+        addresses, https = parse_endpoints(endpoints)
+        if not prefix:
+            raise ValueError("the etcd key prefix must not be empty; use e.g. '/aioelastic/job/'")
+        if session_ttl < 3:
+            raise ValueError(f"session_ttl must be at least 3 seconds, not {session_ttl!r}")
+        self.timeout = self.resolve_timeout(timeout)
+        self.prefix = prefix if prefix.endswith("/") else prefix + "/"
+        self._data = f"{self.prefix}kv/".encode()
+        self._ops = f"{self.prefix}ops/".encode()
+        tls = None
+        if https or ca_cert is not None or cert is not None:
+            tls = TLSConfig(ca_cert, cert, key)
+        self._conn = EtcdConnection(
+            addresses,
+            tls=tls,
+            user=user,
+            password=password,
+            request_timeout=request_timeout,
+            retry_timeout=retry_timeout,
+            on_failover=lambda address, detail: self._emit(EtcdFailover(address, detail)),
+        )
+        self._endpoint = f"etcd://{self._conn.endpoints}{self.prefix}"
+        self._session_ttl = session_ttl
+        self._session: int | None = None
+        self._slots: dict[int, int] = {}  # marker slot -> mod revision of its key (0: none)
+        self._free_slots: list[int] = []
+        self._tokens = itertools.count(1)
+        self._ttl_leases: dict[bytes, tuple[int, int]] = {}  # key -> (lease id, seconds)
+        self._subscribers: list[Callable[[EtcdStoreEvent], object]] = []
+        if on_event is not None:
+            self._subscribers.append(on_event)
+        self._counts = {"failovers": 0, "leases_lost": 0, "resumed": 0, "checks": 0}
+        self._task_group: TaskGroup | None = None
+        self._serving = False
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    async def __aenter__(self) -> EtcdStore:
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        try:
+            await task_group.start(self.serve)
+        except BaseException as error:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(type(error), error, error.__traceback__)
+            raise
+        self._task_group = task_group
+        return self
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Connect, grant the session lease, report ready, then keep the lease alive.
+
+        Runs until cancelled, then revokes the lease and closes the channels; this is what
+        ``async with store:`` runs in the store's own task group.
+        """
+        self._check_open()
+        if self._serving:
+            raise RuntimeError(f"{self!r} is already open")
+        self._conn.open()
+        self._serving = True
+        try:
+            await self._new_session()
+            task_status.started()
+            while True:
+                await anyio.sleep(self._session_ttl / 3)
+                await self._renew_session()
+        finally:
+            self._serving = False
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(1):
+                    await self._revoke_session()
+                await self._conn.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the keepalive task, revoke the session lease and close the channels."""
+        self._closed = True
+        task_group, self._task_group = self._task_group, None
+        if task_group is not None:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"the etcd store {self._endpoint} was closed; create a new one")
+        if not self._serving and self._task_group is not None:
+            raise StoreClosedError(f"the etcd store {self._endpoint} stopped serving")
+
+    def _check_serving(self) -> None:
+        self._check_open()
+        if not self._serving:
+            raise StoreClosedError(
+                f"the etcd store {self._endpoint} is not open: use "
+                "`async with EtcdStore(...) as store:` or `await task_group.start(store.serve)`"
+            )
+
+    # -- events ------------------------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[EtcdStoreEvent], object]) -> Callable[[], None]:
+        """Call ``callback`` with every event; return a function that unsubscribes it."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    def _emit(self, event: EtcdStoreEvent) -> None:
+        if isinstance(event, EtcdLeaseLost):
+            self._counts["leases_lost"] += 1
+            logger.warning("etcd lease %x lost (%s): %s", event.lease_id, event.key, event.detail)
+        elif isinstance(event, EtcdFailover):
+            self._counts["failovers"] += 1
+            logger.info("etcd endpoint %s failed: %s", event.endpoint, event.detail)
+        else:
+            self._counts["resumed"] += 1
+        for callback in list(self._subscribers):
+            callback(event)
+
+    def statistics(self) -> EtcdStoreStatistics:
+        """Return a snapshot of the connection, leases and failure counters."""
+        return EtcdStoreStatistics(
+            endpoints=self._conn.endpoints,
+            current_endpoint=self._conn.current_address,
+            session_lease=self._session,
+            ttl_leases=len(self._ttl_leases),
+            failovers=self._counts["failovers"],
+            leases_lost=self._counts["leases_lost"],
+            watches_resumed=self._counts["resumed"],
+            outcome_checks=self._counts["checks"],
+        )
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def _grant(self, seconds: int) -> int:
+        lease_id = random.getrandbits(62) or 1
+        attempts = 0
+
+        async def attempt(member: Member, timeout: float) -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                await member.lease.LeaseGrant(
+                    rpc.LeaseGrantRequest(ID=lease_id, TTL=seconds),
+                    timeout=timeout,
+                    metadata=member.metadata,
+                )
+            except Exception as error:
+                # A retry finding the lease means an earlier attempt was granted.
+                if attempts > 1 and "lease already exists" in describe(error):
+                    return
+                raise
+
+        await self._conn.call("grant lease", attempt)
+        return lease_id
+
+    async def _keepalive(self, lease_id: int) -> int:
+        """Renew ``lease_id``; return its TTL now (0 when the lease no longer exists)."""
+
+        async def attempt(member: Member, timeout: float) -> int:
+            call = member.lease.LeaseKeepAlive(metadata=member.metadata, timeout=timeout)
+            try:
+                await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+                response = await call.read()
+            finally:
+                call.cancel()
+            if response is grpc.aio.EOF:
+                raise StoreConnectionError(member.address, "lease keepalive stream ended")
+            ttl: int = response.TTL
+            return ttl
+
+        return await self._conn.call("renew lease", attempt)
+
+    async def _new_session(self) -> None:
+        self._session = await self._grant(self._session_ttl)
+        self._slots.clear()
+        self._free_slots.clear()
+
+    async def _renew_session(self) -> None:
+        """Renew the session lease; when it is gone, report it and start a new session."""
+        lease_id = self._session
+        try:
+            if lease_id is not None and await self._keepalive(lease_id) > 0:
+                return
+        except StoreError as error:
+            logger.warning("cannot renew the etcd session lease: %s", error)
+            return
+        self._session = None
+        if lease_id is not None:
+            self._emit(
+                EtcdLeaseLost(
+                    lease_id,
+                    None,
+                    "the session lease expired before it was renewed: "
+                    "writes that were in flight cannot be checked any more",
+                )
+            )
+        try:
+            await self._new_session()
+        except StoreError as error:
+            logger.warning("cannot start a new etcd session: %s", error)
+
+    async def _revoke_session(self) -> None:
+        lease_id, self._session = self._session, None
+        if lease_id is None:
+            return
+        member = self._conn.current
+        try:
+            await member.lease.LeaseRevoke(
+                rpc.LeaseRevokeRequest(ID=lease_id),
+                timeout=self._conn.request_timeout,
+                metadata=member.metadata,
+            )
+        except Exception as error:
+            if not is_rpc_error(error):
+                raise
+            logger.info("etcd session lease %x not revoked (%s); it expires", lease_id, error)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _key(self, key: str) -> bytes:
+        return self._data + check_key(key).encode()
+
+    async def _read(self, keys: Sequence[bytes]) -> tuple[int, list[Any]]:
+        """Return the revision and each key's KeyValue (None if missing), read atomically."""
+        request = rpc.TxnRequest(
+            success=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key)) for key in keys]
+        )
+
+        async def attempt(member: Member, timeout: float) -> Any:
+            return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
+
+        response = await self._conn.call("read", attempt)
+        values = [
+            (op.response_range.kvs[0] if op.response_range.kvs else None)
+            for op in response.responses
+        ]
+        return response.header.revision, values
+
+    async def _range(self, prefix: bytes, *, count_only: bool = False) -> Any:
+        request = rpc.RangeRequest(key=prefix, range_end=_range_end(prefix), count_only=count_only)
+
+        async def attempt(member: Member, timeout: float) -> Any:
+            return await member.kv.Range(request, timeout=timeout, metadata=member.metadata)
+
+        return await self._conn.call("range read", attempt)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def _txn(self, what: str, request: Any) -> Any:
+        async def attempt(member: Member, timeout: float) -> Any:
+            return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
+
+        return await self._conn.call(what, attempt)
+
+    async def _put(self, key: bytes, value: bytes, lease: int = 0) -> None:
+        await self._txn(
+            "write",
+            rpc.TxnRequest(
+                success=[
+                    rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
+                ]
+            ),
+        )
+
+    async def _update(
+        self, what: str, key: bytes, change: Callable[[bytes | None], bytes | None]
+    ) -> tuple[bytes | None, bytes | None]:
+        """Apply ``change`` to the value at ``key`` exactly once, keeping the key's lease.
+
+        ``change(current)`` returns the new value, or None to write nothing. Returns the value
+        written (None if nothing was) and the value read last.
+        """
+        self._check_serving()
+        _, (kv,) = await self._read([key])
+        while True:
+            session = self._session
+            if session is None:
+                await self._new_session()
+                continue
+            slot = self._free_slots.pop() if self._free_slots else len(self._slots)
+            self._slots.setdefault(slot, 0)
+            try:
+                outcome = await self._update_in_slot(what, key, change, kv, session, slot)
+            finally:
+                if self._session == session:
+                    self._free_slots.append(slot)
+            if outcome is not None:
+                return outcome
+            _, (kv,) = await self._read([key])  # the session was replaced: start over
+
+    async def _update_in_slot(
+        self,
+        what: str,
+        key: bytes,
+        change: Callable[[bytes | None], bytes | None],
+        kv: Any,
+        session: int,
+        slot: int,
+    ) -> tuple[bytes | None, bytes | None] | None:
+        """:meth:`_update` with one marker slot; None when the session lease vanished."""
+        marker = self._ops + f"{session:x}/{slot}".encode()
+        written: dict[bytes, bytes] = {}  # token -> the value that attempt writes
+        while True:
+            current = kv.value if kv is not None else None
+            desired = change(current)
+            if desired is None:
+                return None, current
+            token = str(next(self._tokens)).encode()
+            written[token] = desired
+            request = _update_request(key, kv, desired, marker, self._slots[slot], token, session)
+            try:
+                response = await self._conn.call(what, _txn_attempt(request), idempotent=False)
+            except Exception as error:
+                if is_not_found(error):
+                    # A lease is gone: the key's (it just expired) or the session's.
+                    await self._renew_session()
+                    if self._session != session:
+                        return None
+                    _, (kv,) = await self._read([key])
+                    continue
+                if not is_retryable(error):
+                    raise
+                self._conn.failover(self._conn.current, error)
+                applied = await self._check_marker(what, key, marker, slot, written, error)
+                if applied is not None:
+                    return applied, applied
+                _, (kv,) = await self._read([key])
+                continue
+            if response.succeeded:
+                self._slots[slot] = response.header.revision
+                return desired, desired
+            key_kvs = response.responses[0].response_range.kvs
+            marker_kvs = response.responses[1].response_range.kvs
+            if marker_kvs and marker_kvs[0].value in written:
+                # An attempt whose reply was lost has landed since.
+                self._slots[slot] = marker_kvs[0].mod_revision
+                value = written[marker_kvs[0].value]
+                return value, value
+            kv = key_kvs[0] if key_kvs else None
+
+    async def _check_marker(
+        self,
+        what: str,
+        key: bytes,
+        marker: bytes,
+        slot: int,
+        written: dict[bytes, bytes],
+        error: BaseException,
+    ) -> bytes | None:
+        """After a lost reply, return the value that attempt wrote, or None if it did not."""
+        self._counts["checks"] += 1
+        _, (found,) = await self._read([marker])
+        if found is not None:
+            if found.value in written:
+                self._slots[slot] = found.mod_revision
+                return bytes(written[found.value])
+            return None
+        # No marker is conclusive only while the session lease (which holds markers) lives.
+        session = self._session
+        if self._slots[slot] == 0 and session is not None and await self._keepalive(session) > 0:
+            return None
+        raise EtcdOutcomeUnknownError(
+            f"etcd://{self._conn.endpoints}",
+            f"{what} of {key.decode(errors='replace')!r} may or may not have been applied: "
+            f"its reply was lost ({describe(error)}) and the session lease that recorded it "
+            "expired; read the key to see its state",
+        )
+
+    # -- waits -------------------------------------------------------------------------------
+
+    async def _watch(self, ranges: Sequence[tuple[bytes, bytes]], start_revision: int) -> int:
+        """Return the store revision once a key in ``ranges`` changes at ``start_revision``
+        or later (or that history was compacted), re-watching on another member on failure.
+        """
+        failing_since: float | None = None
+        delay = 0.05
+
+        def established() -> None:
+            nonlocal failing_since, delay
+            failing_since, delay = None, 0.05
+
+        while True:
+            member = self._conn.current
+            try:
+                return await self._watch_on(member, ranges, start_revision, established)
+            except Exception as error:
+                if not is_retryable(error) and not isinstance(error, StoreConnectionError):
+                    raise
+                self._conn.failover(member, error)
+                now = anyio.current_time()
+                failing_since = now if failing_since is None else failing_since
+                if now + delay > failing_since + self._conn.retry_timeout:
+                    raise self._conn.unreachable("watch", error) from None
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                self._emit(
+                    EtcdWatchResumed(start_revision, self._conn.current_address, describe(error))
+                )
+
+    async def _watch_on(
+        self,
+        member: Member,
+        ranges: Sequence[tuple[bytes, bytes]],
+        start_revision: int,
+        established: Callable[[], None],
+    ) -> int:
+        await self._conn.authenticate(member)
+        # "hasleader": etcd ends the watch if this member loses its leader (no stale waits).
+        call = member.watch.Watch(metadata=(*(member.metadata or ()), ("hasleader", "true")))
+        try:
+            for key, end in ranges:
+                create = rpc.WatchCreateRequest(
+                    key=key, range_end=end, start_revision=start_revision
+                )
+                await call.write(rpc.WatchRequest(create_request=create))
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    raise StoreConnectionError(member.address, "the watch stream ended")
+                if response.compact_revision or response.events:
+                    return int(response.header.revision)
+                if response.canceled:
+                    raise StoreConnectionError(
+                        member.address, f"etcd cancelled the watch: {response.cancel_reason}"
+                    )
+                if response.created:
+                    established()
+        finally:
+            call.cancel()
+
+    async def _wait_present(self, keys: Sequence[str], timeout: float | None) -> list[bytes]:
+        """Return the values of ``keys`` once all exist, watching the missing ones."""
+        names = list(keys)
+        full = [self._key(key) for key in names]
+        resolved = self.resolve_timeout(timeout)
+        self._check_serving()
+        deadline = anyio.current_time() + resolved
+        revision, kvs = await self._read(full)
+        while True:
+            missing = [k for k, kv in zip(full, kvs, strict=True) if kv is None]
+            if not missing:
+                return [bytes(kv.value) for kv in kvs]
+            with anyio.move_on_after(deadline - anyio.current_time()) as scope:
+                await self._watch([(k, b"") for k in missing], revision + 1)
+            if scope.cancelled_caught:
+                break
+            revision, kvs = await self._read(full)
+        absent = [name for name, k in zip(names, full, strict=True) if k in missing]
+        raise StoreTimeoutError(absent, resolved, self._endpoint)
+
+    # -- the Store API -----------------------------------------------------------------------
+
+    async def set(self, key: str, value: Value, *, ttl: float | None = None) -> None:
+        full, data = self._key(key), to_bytes(value)
+        check_ttl(ttl)
+        self._check_serving()
+        if ttl is None:
+            self._ttl_leases.pop(full, None)
+            await self._put(full, data)
+            return
+        seconds = max(1, math.ceil(ttl))
+        lease = self._ttl_leases.get(full)
+        if lease is not None and lease[1] == seconds and await self._keepalive(lease[0]) <= 0:
+            self._emit(EtcdLeaseLost(lease[0], key, "the key expired before it was written again"))
+            lease = None
+        if lease is None or lease[1] != seconds:
+            lease = (await self._grant(seconds), seconds)
+        try:
+            await self._put(full, data, lease[0])
+        except Exception as error:
+            if not is_not_found(error):
+                raise
+            self._emit(EtcdLeaseLost(lease[0], key, "the lease expired while it was written"))
+            lease = (await self._grant(seconds), seconds)
+            await self._put(full, data, lease[0])
+        self._ttl_leases[full] = lease
+
+    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+        (value,) = await self._wait_present([key], timeout)
+        return value
+
+    async def add(self, key: str, amount: int) -> int:
+        if not isinstance(amount, int):
+            raise TypeError(f"add amount must be an int, not {type(amount).__name__}")
+        full = self._key(key)
+
+        def change(current: bytes | None) -> bytes:
+            base = parse_int(key, current) if current is not None else 0
+            return str(base + amount).encode()
+
+        written, _ = await self._update("add", full, change)
+        return int(written or b"0")
+
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        full = self._key(key)
+        expected_bytes, desired_bytes = to_bytes(expected), to_bytes(desired)
+
+        def change(current: bytes | None) -> bytes | None:
+            if (current is None and not expected_bytes) or current == expected_bytes:
+                return desired_bytes
+            return None
+
+        written, current = await self._update("compare_set", full, change)
+        if written is not None:
+            return written
+        return current if current is not None else expected_bytes
+
+    async def append(self, key: str, value: Value) -> None:
+        full, data = self._key(key), to_bytes(value)
+        await self._update("append", full, lambda current: (current or b"") + data)
+
+    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+        await self._wait_present(keys, timeout)
+
+    async def check(self, keys: Sequence[str]) -> bool:
+        self._check_serving()
+        _, kvs = await self._read([self._key(key) for key in keys])
+        return all(kv is not None for kv in kvs)
+
+    async def delete_key(self, key: str) -> bool:
+        """Delete ``key``; return whether it existed (after a lost reply and a retry, a key
+        this call deleted may be reported as missing)."""
+        full = self._key(key)
+        self._check_serving()
+        self._ttl_leases.pop(full, None)
+        request = rpc.DeleteRangeRequest(key=full)
+
+        async def attempt(member: Member, timeout: float) -> Any:
+            return await member.kv.DeleteRange(request, timeout=timeout, metadata=member.metadata)
+
+        response = await self._conn.call("delete", attempt)
+        return bool(response.deleted)
+
+    async def num_keys(self) -> int:
+        self._check_serving()
+        return int((await self._range(self._data, count_only=True)).count)
+
+    async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
+        return await self._wait_present(keys, timeout)
+
+    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set got {len(keys)} keys but {len(values)} values")
+        ops = [
+            rpc.RequestOp(request_put=rpc.PutRequest(key=self._key(key), value=to_bytes(value)))
+            for key, value in zip(keys, values, strict=True)
+        ]
+        self._check_serving()
+        if not ops:
+            return
+        for op in ops:
+            self._ttl_leases.pop(op.request_put.key, None)
+        await self._txn("multi_set", rpc.TxnRequest(success=ops))
+
+    async def get_prefix(self, prefix: str) -> Snapshot:
+        self._check_serving()
+        response = await self._range(self._data + check_key(prefix).encode())
+        cut = len(self._data)
+        items = {kv.key[cut:].decode(): kv.value for kv in response.kvs}
+        return Snapshot(int(response.header.revision), items)
+
+    async def wait_for_change(
+        self, prefix: str, *, after: int, timeout: float | None = None
+    ) -> int:
+        self._check_serving()
+        start = self._data + check_key(prefix).encode()
+        resolved = self.resolve_timeout(timeout)
+        with anyio.move_on_after(resolved):
+            return await self._watch([(start, _range_end(start))], after + 1)
+        raise StoreTimeoutError([f"{prefix}*"], resolved, self._endpoint)
+
+    def __repr__(self) -> str:
+        return f"EtcdStore({self._conn.endpoints!r}, prefix={self.prefix!r})"
+
+
+def _update_request(
+    key: bytes,
+    kv: Any,
+    value: bytes,
+    marker: bytes,
+    marker_revision: int,
+    token: bytes,
+    session: int,
+) -> Any:
+    """The transaction of one read-modify-write attempt (see the module docstring)."""
+
+    def compare_mod(name: bytes, revision: int) -> Any:
+        return rpc.Compare(
+            key=name, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision
+        )
+
+    def put(name: bytes, data: bytes, lease: int) -> Any:
+        return rpc.RequestOp(request_put=rpc.PutRequest(key=name, value=data, lease=lease))
+
+    def read(name: bytes) -> Any:
+        return rpc.RequestOp(request_range=rpc.RangeRequest(key=name))
+
+    return rpc.TxnRequest(
+        compare=[
+            compare_mod(key, kv.mod_revision if kv is not None else 0),
+            compare_mod(marker, marker_revision),
+        ],
+        success=[put(key, value, kv.lease if kv is not None else 0), put(marker, token, session)],
+        failure=[read(key), read(marker)],
+    )
+
+
+def _txn_attempt(request: Any) -> Callable[[Member, float], Awaitable[Any]]:
+    async def attempt(member: Member, timeout: float) -> Any:
+        return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
+
+    return attempt

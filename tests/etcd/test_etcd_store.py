@@ -1,0 +1,171 @@
+"""EtcdStore against a real etcd: what the conformance suite cannot check on other stores."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from aioelastic.store import Store, StoreClosedError, StoreTimeoutError
+from aioelastic.store._etcd import EtcdLeaseLost, EtcdStore, EtcdStoreEvent
+from aioelastic.store._etcd_process import EtcdCluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.etcd]
+
+
+async def test_keys_live_under_the_job_prefix(etcd_server: EtcdCluster, etcd_prefix: str) -> None:
+    """Two prefixes on one etcd are two separate stores."""
+    async with (
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix + "a") as a,
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix + "b") as b,
+    ):
+        await a.set("k", b"from a")
+        assert await b.check(["k"]) is False
+        assert await a.num_keys() == 1
+        assert await b.num_keys() == 0
+
+
+async def test_add_is_exactly_once_under_contention(etcd_store: Store) -> None:
+    """Concurrent adds from many tasks each count once, and each sees a distinct total."""
+    totals: list[int] = []
+
+    async def adder() -> None:
+        totals.append(await etcd_store.add("counter", 1))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(adder)
+    assert sorted(totals) == list(range(1, 21))
+    assert await etcd_store.get("counter") == b"20"
+
+
+async def test_add_keeps_the_keys_expiry(etcd_store: EtcdStore) -> None:
+    """add on a TTL key keeps its lease: the key still expires."""
+    await etcd_store.set("n", b"1", ttl=1)
+    snapshot = await etcd_store.get_prefix("n")
+    assert await etcd_store.add("n", 1) == 2
+    revision = snapshot.revision
+    with anyio.fail_after(20):
+        while await etcd_store.check(["n"]):
+            revision = await etcd_store.wait_for_change("n", after=revision)
+    assert await etcd_store.check(["n"]) is False
+
+
+async def test_ttl_key_expires_and_wakes_waiters(etcd_store: EtcdStore) -> None:
+    """A key set with a ttl is deleted by etcd, which wakes wait_for_change."""
+    await etcd_store.set("alive/node", b"1", ttl=1)
+    snapshot = await etcd_store.get_prefix("alive/")
+    assert snapshot.items == {"alive/node": b"1"}
+    with anyio.fail_after(20):
+        await etcd_store.wait_for_change("alive/", after=snapshot.revision)
+    assert (await etcd_store.get_prefix("alive/")).items == {}
+
+
+async def test_rewriting_an_expired_ttl_key_reports_the_lost_lease(
+    etcd_server: EtcdCluster, etcd_prefix: str
+) -> None:
+    """A TTL key written again after it expired is restored, and the lost lease is reported."""
+    events: list[EtcdStoreEvent] = []
+    endpoints = etcd_server.endpoints
+    async with EtcdStore(endpoints, prefix=etcd_prefix, on_event=events.append) as store:
+        await store.set("hb", b"1", ttl=1)
+        snapshot = await store.get_prefix("hb")
+        with anyio.fail_after(20):
+            await store.wait_for_change("hb", after=snapshot.revision)
+        await store.set("hb", b"2", ttl=1)
+        assert await store.get("hb", timeout=0) == b"2"
+    lost = [event for event in events if isinstance(event, EtcdLeaseLost)]
+    assert [event.key for event in lost] == ["hb"]
+    assert store.statistics().leases_lost == 1
+
+
+async def test_rewriting_a_live_ttl_key_renews_its_lease(etcd_store: EtcdStore) -> None:
+    """Writing a TTL key again with the same ttl reuses (renews) its lease."""
+    await etcd_store.set("hb", b"1", ttl=5)
+    await etcd_store.set("hb", b"2", ttl=5)
+    stats = etcd_store.statistics()
+    assert (stats.ttl_leases, stats.leases_lost) == (1, 0)
+    assert await etcd_store.get("hb") == b"2"
+
+
+async def test_set_without_ttl_makes_a_ttl_key_permanent(etcd_store: EtcdStore) -> None:
+    """A plain set detaches the key from its lease."""
+    await etcd_store.set("k", b"1", ttl=1)
+    await etcd_store.set("k", b"2")
+    await etcd_store.set("other", b"x", ttl=1)
+    snapshot = await etcd_store.get_prefix("other")
+    with anyio.fail_after(20):
+        await etcd_store.wait_for_change("other", after=snapshot.revision)
+    assert await etcd_store.get("k", timeout=0) == b"2"
+
+
+async def test_timeout_names_keys_and_endpoints(etcd_store: EtcdStore) -> None:
+    """A wait that times out names the missing keys and the etcd endpoints."""
+    await etcd_store.set("present", b"1")
+    with pytest.raises(StoreTimeoutError, match=r"'missing' on etcd://127\.0\.0\.1:\d+/") as caught:
+        await etcd_store.wait(["present", "missing"], timeout=0.2)
+    assert caught.value.keys == ("missing",)
+
+
+async def test_get_wakes_on_a_write_from_another_client(
+    etcd_server: EtcdCluster, etcd_prefix: str
+) -> None:
+    """A get waiting on one client returns when another client writes the key."""
+    async with (
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as reader,
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as writer,
+    ):
+        result: list[bytes] = []
+        async with anyio.create_task_group() as tg:
+
+            async def read() -> None:
+                result.append(await reader.get("late", timeout=30))
+
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            await writer.set("late", b"here")
+        assert result == [b"here"]
+
+
+async def test_use_before_open_and_after_close_is_refused(
+    etcd_server: EtcdCluster, etcd_prefix: str
+) -> None:
+    """Calls outside ``async with`` raise StoreClosedError saying how to open the store."""
+    store = EtcdStore(etcd_server.endpoints, prefix=etcd_prefix)
+    with pytest.raises(StoreClosedError, match="is not open: use `async with EtcdStore"):
+        await store.get("k", timeout=0)
+    async with store:
+        await store.set("k", b"v")
+    with pytest.raises(StoreClosedError, match="was closed"):
+        await store.get("k", timeout=0)
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "message"),
+    [
+        ("", "no etcd endpoint in ''"),
+        ("host:port", "etcd endpoint 'host:port' has no valid port"),
+        ("host:70000", "etcd endpoint 'host:70000' has no valid port"),
+    ],
+)
+def test_bad_endpoints_are_refused(endpoints: str, message: str) -> None:
+    """Malformed endpoint lists raise ValueError quoting the bad entry."""
+    with pytest.raises(ValueError, match=message):
+        EtcdStore(endpoints)
+
+
+def test_endpoint_forms_are_normalised() -> None:
+    """Schemes, spaces and missing ports are accepted and shown as host:port."""
+    store = EtcdStore(" http://a:1, b ,https://c:3/", ca_cert=None)
+    assert store.endpoint == "etcd://a:1,b:2379,c:3/aioelastic/default/"
+
+
+def test_missing_tls_file_is_a_clear_error() -> None:
+    """A CA path that does not exist is named in the error."""
+    with pytest.raises(ValueError, match=r"TLS ca_cert file '/nonexistent/ca\.pem'"):
+        EtcdStore("127.0.0.1:2379", ca_cert="/nonexistent/ca.pem")
+
+
+def test_user_without_password_is_refused() -> None:
+    """Authentication needs both the user and the password."""
+    with pytest.raises(ValueError, match="needs both user and password"):
+        EtcdStore("127.0.0.1:2379", user="root")
