@@ -1,0 +1,151 @@
+"""Worker processes: own session, pidfd exit detection, group signals, no leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import threading
+
+import anyio
+import pytest
+
+from aioelastic.agent import WorkerSpawnError
+from aioelastic.agent._process import WorkerProcess
+
+pytestmark = pytest.mark.anyio
+
+BOUND = 30  # generous: process start-up on a loaded 2-core machine
+
+
+async def read_line(fd: int) -> str:
+    """Read one line a child writes to the pipe ``fd`` (non-blocking, no threads)."""
+    os.set_blocking(fd, False)
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            await anyio.wait_readable(fd)
+            continue
+        if not chunk:
+            raise EOFError(f"pipe closed after {data!r}")
+        data += chunk
+    return data.decode().strip()
+
+
+async def wait_gone(pid: int) -> None:
+    """Return once ``pid`` (any process, not only a child) has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await anyio.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+def spawn_python(code: str, stdout: int | None = None) -> WorkerProcess:
+    return WorkerProcess.spawn(
+        [sys.executable, "-c", textwrap.dedent(code)], os.environ, stdout=stdout
+    )
+
+
+SLEEPER_WITH_GRANDCHILD = """
+    import os, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(os.getpid(), os.getpgid(0), os.getsid(0), child.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+async def test_worker_leads_its_own_session_and_group_signal_reaches_grandchildren() -> None:
+    """A worker is session and group leader; a group signal ends it and its grandchild."""
+    read_fd, write_fd = os.pipe()
+    worker = spawn_python(SLEEPER_WITH_GRANDCHILD, stdout=write_fd)
+    os.close(write_fd)
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.watch)
+            pid, pgid, sid, grandchild = map(int, (await read_line(read_fd)).split())
+            worker.signal_group(signal.SIGTERM)
+            assert await worker.wait() == -signal.SIGTERM
+        await wait_gone(grandchild)
+    os.close(read_fd)
+    assert (pid, pgid, sid) == (worker.pid, worker.pid, worker.pid)
+
+
+async def test_grandchildren_left_behind_by_an_exiting_worker_are_killed() -> None:
+    """When a worker exits on its own, what remains of its process group is killed."""
+    read_fd, write_fd = os.pipe()
+    worker = spawn_python(
+        """
+        import subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print(child.pid, flush=True)
+        """,
+        stdout=write_fd,
+    )
+    os.close(write_fd)
+    with anyio.fail_after(BOUND):
+        grandchild = int(await read_line(read_fd))
+        assert await worker.watch() == 0
+        await wait_gone(grandchild)
+    os.close(read_fd)
+
+
+async def test_exit_code_and_signal_are_reported() -> None:
+    """Exit codes come back as is; death by a signal as minus the signal number."""
+    with anyio.fail_after(BOUND):
+        assert await spawn_python("raise SystemExit(3)").watch() == 3
+        assert await spawn_python("import os; os.kill(os.getpid(), 9)").watch() == -9
+
+
+async def test_worker_dies_with_a_killed_agent() -> None:
+    """SIGKILL of the process that spawned a worker kills the worker too (no orphan)."""
+    read_fd, write_fd = os.pipe()
+    agent = spawn_python(
+        """
+        import os, sys, anyio
+        from aioelastic.agent._process import WorkerProcess
+        async def main():
+            w = WorkerProcess.spawn([sys.executable, "-c", "import time; time.sleep(600)"],
+                                    os.environ)
+            print(w.pid, flush=True)
+            await w.watch()
+        anyio.run(main)
+        """,
+        stdout=write_fd,
+    )
+    os.close(write_fd)
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.watch)
+            orphan = int(await read_line(read_fd))
+            agent.signal_group(signal.SIGKILL)
+        await wait_gone(orphan)
+    os.close(read_fd)
+
+
+async def test_missing_program_is_a_clear_error() -> None:
+    """Starting a program that does not exist names it and says what to check."""
+    with pytest.raises(WorkerSpawnError, match=r"could not start worker '/no/such/program'"):
+        WorkerProcess.spawn(["/no/such/program"], os.environ)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_no_thread_per_worker() -> None:
+    """Watching several workers on asyncio starts no thread (no child-watcher thread)."""
+    before = threading.active_count()
+    workers = [spawn_python("import time; time.sleep(600)") for _ in range(4)]
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as tg:
+            for worker in workers:
+                tg.start_soon(worker.watch)
+            await anyio.lowlevel.checkpoint()
+            during = threading.active_count()
+            for worker in workers:
+                worker.signal_group(signal.SIGKILL)
+    assert during == before
