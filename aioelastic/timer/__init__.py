@@ -6,7 +6,14 @@ a block, as ``async with`` or ``with``.
 """
 
 from aioelastic.timer._api import Expiry, TimerClient, configure, expires
-from aioelastic.timer._codec import PIPE_BUF, LineDecoder, Rejection, TimerRequest, encode_request
+from aioelastic.timer._codec import (
+    PIPE_BUF,
+    LineDecoder,
+    Rejection,
+    TimerRequest,
+    decode_line,
+    encode_request,
+)
 from aioelastic.timer._errors import (
     NoTimerClientError,
     RequestTooLargeError,
@@ -61,6 +68,7 @@ __all__ = [
     "TimerServerUnavailableError",
     "WatchPolicy",
     "configure",
+    "decode_line",
     "encode_request",
     "expires",
 ]

@@ -99,8 +99,8 @@ class Expiry:
             with anyio.CancelScope(shield=True):
                 await self.client.release(self.scope_id)
         finally:
-            swallowed = scope.__exit__(exc_type, exc, tb)
-        if swallowed:
+            scope.__exit__(exc_type, exc, tb)
+        if scope.cancelled_caught:
             raise ScopeExpiredError(self.scope_id, self.after) from exc
         return False
 

@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.abc import TaskStatus
 
 from aioelastic._clock import Clock
 from aioelastic.timer._api import TimerClient
@@ -106,6 +105,7 @@ class FileTimerServer(TimerServerBase):
         self._hook_timeout = hook_timeout
         self._pipe_size = pipe_size
         self._fd: int | None = None
+        self._inode = -1
         self._processes: dict[int, _Process] = {}
         self._own_pid = os.getpid()
         self._own_pgid = os.getpgrp()
@@ -158,30 +158,33 @@ class FileTimerServer(TimerServerBase):
         os.chmod(path, 0o600)
         return path
 
-    async def _serve_requests(self, *, task_status: TaskStatus[None]) -> None:
+    def _open_source(self) -> None:
         path = self._create_fifo()
         # Read-write: the server is a writer too, so readers never see EOF between clients.
         fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        inode = os.fstat(fd).st_ino
         with contextlib.suppress(OSError):
             fcntl.fcntl(fd, _F_SETPIPE_SZ, self._pipe_size)
-        self._path, self._fd = path, fd
-        try:
-            logger.info("timer server %r reading %r", self.run_id, path)
-            task_status.started()
-            await self._read_forever(fd)
-        finally:
-            self._fd = None
+        self._path, self._fd, self._inode = path, fd, os.fstat(fd).st_ino
+        logger.info("timer server %r reading %r", self.run_id, path)
+
+    async def _serve_requests(self) -> None:
+        assert self._fd is not None
+        await self._read_forever(self._fd)
+
+    def _close_source(self) -> None:
+        for process in list(self._processes.values()):
+            self._close_process(process)
+        fd, self._fd = self._fd, None
+        if fd is not None:
             anyio.notify_closing(fd)
             os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                if os.lstat(path).st_ino == inode:
-                    os.unlink(path)
-            if self._private_dir is not None:
-                shutil.rmtree(self._private_dir, ignore_errors=True)
-                self._private_dir = None
-            for process in list(self._processes.values()):
-                self._close_process(process)
+        path = self._path
+        with contextlib.suppress(FileNotFoundError, TypeError):
+            if path is not None and os.lstat(path).st_ino == self._inode:
+                os.unlink(path)
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
 
     async def _read_forever(self, fd: int) -> None:
         decoder = LineDecoder()

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
-from anyio.abc import TaskStatus
 from anyio.lowlevel import EventLoopToken, current_token
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from aioelastic._clock import Clock
 from aioelastic.timer._api import TimerClient
@@ -49,16 +48,30 @@ class LocalTimerServer(TimerServerBase):
         super().__init__(
             run_id, log_event=log_event, on_event=on_event, clock=clock, wall_clock=wall_clock
         )
-        self._send, self._receive = anyio.create_memory_object_stream[_LocalRequest](math.inf)
+        self._send: MemoryObjectSendStream[_LocalRequest] | None = None
+        self._receive: MemoryObjectReceiveStream[_LocalRequest] | None = None
         self._cancels: dict[TimerKey, Callable[[], None]] = {}
 
     def client(self) -> LocalTimerClient:
-        """A client bound to this server; create it in the event loop's thread."""
+        """A client bound to this server; call it while serving, in the event loop's thread."""
+        if self._send is None:
+            raise RuntimeError("LocalTimerServer.client() needs the server to be serving")
         return LocalTimerClient(self._send, current_token())
 
-    async def _serve_requests(self, *, task_status: TaskStatus[None]) -> None:
-        task_status.started()
-        receive = self._receive
+    def _open_source(self) -> None:
+        self._send, self._receive = anyio.create_memory_object_stream[_LocalRequest](math.inf)
+
+    async def _serve_requests(self) -> None:
+        assert self._receive is not None
+        await self._serve_forever(self._receive)
+
+    def _close_source(self) -> None:
+        for stream in (self._send, self._receive):
+            if stream is not None:
+                stream.close()
+        self._send = self._receive = None
+
+    async def _serve_forever(self, receive: MemoryObjectReceiveStream[_LocalRequest]) -> None:
         while True:
             batch = [await receive.receive()]
             while True:

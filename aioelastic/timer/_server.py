@@ -108,8 +108,9 @@ class TimerServerBase(abc.ABC):
         await group.__aenter__()
         try:
             await group.start(self.serve)
-        except BaseException as exc:
-            await group.__aexit__(type(exc), exc, exc.__traceback__)
+        except BaseException:
+            group.cancel_scope.cancel()
+            await group.__aexit__(None, None, None)
             raise
         self._owned_group = group
         return self
@@ -129,23 +130,33 @@ class TimerServerBase(abc.ABC):
         """Serve until cancelled; ``await task_group.start(server.serve)`` returns once ready."""
         if self._task_group is not None:
             raise RuntimeError(f"{type(self).__name__} is already serving")
+        self._open_source()
         try:
             async with anyio.create_task_group() as group:
                 self._task_group = group
-                await group.start(self._serve_requests)
+                group.start_soon(self._serve_requests)
                 group.start_soon(self._expire_loop)
                 self._last_progress = time.time()
                 self._log("watchdog started", None)
                 task_status.started()
         finally:
             self._task_group = None
+            self._close_source()
             self._log("watchdog stopped", None)
 
     # -- for subclasses -------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def _serve_requests(self, *, task_status: TaskStatus[None]) -> None:
+    def _open_source(self) -> None:
+        """Get the request source ready (raise here on bad configuration)."""
+
+    @abc.abstractmethod
+    async def _serve_requests(self) -> None:
         """Read requests from the source and ``_apply`` them, forever."""
+
+    @abc.abstractmethod
+    def _close_source(self) -> None:
+        """Release what ``_open_source`` acquired."""
 
     @abc.abstractmethod
     def _admit(self, pid: int) -> Rejection | None:

@@ -1,0 +1,627 @@
+"""FileTimerServer over a real FIFO with real worker processes; time driven by a ManualClock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelastic.testing import ManualClock
+from aioelastic.timer import (
+    PIPE_BUF,
+    FileTimerServer,
+    ProcessExited,
+    RejectReason,
+    RequestRejected,
+    TimerAcquired,
+    TimerConfigError,
+    TimerExpired,
+    TimerReaped,
+    TimerReleased,
+    TimerRequest,
+    WatchPolicy,
+)
+
+from .conftest import Recorder, arm, read_line, wait_exit, write_raw
+
+pytestmark = pytest.mark.anyio
+
+CHILD_WITH_TIMER = """
+import sys
+from aioelastic import timer
+timer.configure(timer.FileTimerClient(sys.argv[1]))
+with timer.expires(after=float(sys.argv[2]), scope=sys.argv[3]):
+    print("armed", flush=True)
+    sys.stdin.read()
+"""
+
+
+class WallClock:
+    """A wall clock tests can step: the manual monotonic clock plus an adjustable offset."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.offset = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.clock.now() + self.offset
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1000.0)
+
+
+@pytest.fixture
+def wall(clock: ManualClock) -> WallClock:
+    return WallClock(clock)
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> str:
+    return str(tmp_path / "timer.fifo")
+
+
+def server_for(
+    fifo: str, recorder: Recorder, clock: ManualClock, **options: Any
+) -> FileTimerServer:
+    return FileTimerServer(fifo, "test", on_event=recorder, clock=clock, **options)
+
+
+def exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+# -- the FIFO ------------------------------------------------------------------------------
+
+
+async def test_fifo_is_private_and_removed_on_exit(fifo: str) -> None:
+    """The FIFO exists with mode 0600 while serving and is gone afterwards."""
+    async with FileTimerServer(fifo, "test"):
+        mode = os.stat(fifo).st_mode
+        assert stat.S_ISFIFO(mode)
+        assert stat.S_IMODE(mode) == 0o600
+    assert not exists(fifo)
+
+
+async def test_no_path_means_a_private_directory() -> None:
+    """With file_path=None the FIFO lives in a new 0700 directory removed on exit."""
+    async with FileTimerServer(None, "test") as server:
+        directory = os.path.dirname(server.file_path)
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert not exists(directory)
+
+
+async def test_existing_regular_file_is_refused(fifo: str) -> None:
+    """A non-FIFO at the path is left alone and reported."""
+    with open(fifo, "w") as file:  # noqa: ASYNC230 - a tiny local file
+        file.write("precious")
+    with pytest.raises(TimerConfigError, match="exists and is not a FIFO"):
+        async with FileTimerServer(fifo, "test"):
+            pass
+    with open(fifo) as file:  # noqa: ASYNC230 - a tiny local file
+        assert file.read() == "precious"
+
+
+async def test_stale_fifo_is_replaced(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+) -> None:
+    """A FIFO left by a dead server is replaced and the new one serves."""
+    os.mkfifo(fifo)
+    worker = spawn()
+    async with server_for(fifo, recorder, clock):
+        arm(fifo, worker.pid, "s", time.time() + 60)
+        await recorder.wait_count(TimerAcquired, 1)
+    assert not exists(fifo)
+
+
+async def test_serve_runs_in_the_callers_task_group(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+) -> None:
+    """``await tg.start(server.serve)`` returns once the FIFO accepts requests."""
+    worker = spawn()
+    server = server_for(fifo, recorder, clock)
+    async with anyio.create_task_group() as group:
+        await group.start(server.serve)
+        arm(fifo, worker.pid, "s", time.time() + 60)
+        await recorder.wait_count(TimerAcquired, 1)
+        group.cancel_scope.cancel()
+    assert not exists(fifo)
+
+
+async def test_log_event_gets_torchs_event_names(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+) -> None:
+    """log_event gets torch's names: watchdog started, timer expired, kill worker process..."""
+    names: list[tuple[str, TimerRequest | None]] = []
+    worker = spawn()
+    async with FileTimerServer(
+        fifo,
+        "test",
+        log_event=lambda name, req: names.append((name, req)),
+        on_event=recorder,
+        clock=clock,
+    ):
+        arm(fifo, worker.pid, "s", time.time() + 5)
+        await recorder.wait_count(TimerAcquired, 1)
+        clock.advance(10)
+        await recorder.wait_count(TimerReaped, 1)
+    assert [n for n, _ in names] == [
+        "watchdog started",
+        "timer expired",
+        "kill worker process",
+        "watchdog stopped",
+    ]
+    assert names[1][1] is not None
+    assert names[1][1].scope_id == "s"
+
+
+# -- expiry and reaping ----------------------------------------------------------------------
+
+
+async def test_expired_worker_is_killed_with_sigkill(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+) -> None:
+    """A real worker whose timer (from our client) expires dies by SIGKILL; the event names it."""
+    async with server_for(fifo, recorder, clock):
+        worker = spawn(CHILD_WITH_TIMER, fifo, "30", "train-step")
+        assert await read_line(worker) == b"armed\n"
+        [acquired] = await recorder.wait_count(TimerAcquired, 1)
+        clock.advance(29)
+        assert worker.poll() is None
+        clock.advance(2)
+        [reaped] = await recorder.wait_count(TimerReaped, 1)
+        assert await wait_exit(worker) == -signal.SIGKILL
+    assert reaped == TimerReaped(
+        worker.pid, "train-step", signal.SIGKILL, acquired.deadline, acquired.expiration_time
+    )
+
+
+async def test_valid_timers_are_left_alone(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """Only the worker whose timer expired is reaped; the other keeps its timer and lives."""
+    doomed, fine = spawn(), spawn()
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        arm(fifo, doomed.pid, "a", wall() + 10)
+        arm(fifo, fine.pid, "a", wall() + 100)
+        await recorder.wait_count(TimerAcquired, 2)
+        clock.advance(50)
+        await recorder.wait_count(TimerReaped, 1)
+        assert await wait_exit(doomed) == -signal.SIGKILL
+        assert fine.poll() is None
+        assert server.statistics().active_timers == 1
+    assert [e.pid for e in recorder.of(TimerExpired)] == [doomed.pid]
+
+
+async def test_reaping_drops_the_processes_other_timers(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """When a worker is reaped, its later timers go with it (they never expire)."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        arm(fifo, worker.pid, "outer", wall() + 20)
+        arm(fifo, worker.pid, "inner", wall() + 10)
+        await recorder.wait_count(TimerAcquired, 2)
+        clock.advance(100)
+        await recorder.wait_count(TimerReaped, 1)
+        assert server.statistics().active_timers == 0
+    assert [e.scope_id for e in recorder.of(TimerExpired)] == ["inner"]
+
+
+async def test_signal_zero_reports_without_killing(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """A timer armed with signal 0 is reported when it expires and nobody is signalled."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        arm(fifo, worker.pid, "report-only", wall() + 1, signal=0)
+        await recorder.wait_count(TimerAcquired, 1)
+        clock.advance(2)
+        [expired] = await recorder.wait_count(TimerExpired, 1)
+        assert expired.signal == 0
+        assert server.statistics().reaped == 0
+    assert worker.poll() is None
+
+
+async def test_timer_already_past_expires_at_once(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """An acquire whose expiration time has passed expires without time moving."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock, wall_clock=wall):
+        arm(fifo, worker.pid, "late", wall() - 5, signal=0)
+        [expired] = await recorder.wait_count(TimerExpired, 1)
+    assert expired.late == 5
+
+
+async def test_rearming_moves_the_deadline(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """Acquiring the same scope again replaces its deadline (earlier or later)."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock, wall_clock=wall):
+        arm(fifo, worker.pid, "s", wall() + 100, signal=0)
+        arm(fifo, worker.pid, "s", wall() + 10, signal=0)
+        await recorder.wait_count(TimerAcquired, 2)
+        clock.advance(11)
+        [expired] = await recorder.wait_count(TimerExpired, 1)
+        clock.advance(200)
+        await recorder.wait_count(TimerAcquired, 2)
+    assert expired.deadline == 1010
+    assert len(recorder.of(TimerExpired)) == 1
+
+
+async def test_wall_clock_step_does_not_move_deadlines(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """After acquire, stepping the wall clock either way neither fires nor postpones the timer."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock, wall_clock=wall):
+        arm(fifo, worker.pid, "s", wall() + 30, signal=0)
+        await recorder.wait_count(TimerAcquired, 1)
+        wall.offset += 3600
+        clock.advance(29)
+        # A probe due at once: everything due by now expires with it, in deadline order.
+        arm(fifo, worker.pid, "probe", wall() - 1, signal=0)
+        await recorder.wait_count(TimerExpired, 1)
+        assert [e.scope_id for e in recorder.of(TimerExpired)] == ["probe"]
+        wall.offset -= 7200
+        clock.advance(1)
+        expired = await recorder.wait_count(TimerExpired, 2)
+    assert (expired[1].scope_id, expired[1].deadline) == ("s", 1030)
+
+
+async def test_exited_process_timers_are_dropped(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+) -> None:
+    """A worker that exits holding timers has them dropped at once; nothing fires later."""
+    async with server_for(fifo, recorder, clock) as server:
+        worker = spawn(CHILD_WITH_TIMER, fifo, "30", "held")
+        assert await read_line(worker) == b"armed\n"
+        await recorder.wait_count(TimerAcquired, 1)
+        worker.kill()
+        [exited] = await recorder.wait_count(ProcessExited, 1)
+        assert server.statistics().active_timers == 0
+        assert server.statistics().watched_processes == 0
+        clock.advance(60)
+    assert exited == ProcessExited(worker.pid, ("held",))
+    assert recorder.of(TimerExpired) == []
+
+
+async def test_release_of_unknown_scope_is_a_no_op(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+) -> None:
+    """Releasing a scope that was never armed changes nothing and raises nothing."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock) as server:
+        arm(fifo, worker.pid, "held", time.time() + 60)
+        arm(fifo, worker.pid, "never-armed", -1)
+        arm(fifo, worker.pid + 100000, "nobody", -1)
+        await recorder.wait_for(lambda: server.statistics().requests == 3)
+        stats = server.statistics()
+    assert (stats.active_timers, stats.releases, stats.rejected) == (1, 2, {})
+    assert recorder.of(TimerReleased) == []
+
+
+async def test_ten_processes_ten_nested_timers_lose_nothing(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+) -> None:
+    """10 processes each nesting 10 timers: all 100 acquires and 100 releases arrive."""
+    code = """
+import sys
+from contextlib import ExitStack
+from aioelastic import timer
+client = timer.FileTimerClient(sys.argv[1])
+with ExitStack() as stack:
+    for depth in range(10):
+        stack.enter_context(timer.expires(after=600, scope=f"level-{depth}", client=client))
+"""
+    async with server_for(fifo, recorder, clock) as server:
+        workers = [spawn(code, fifo) for _ in range(10)]
+        for worker in workers:
+            assert await wait_exit(worker) == 0
+        await recorder.wait_count(TimerReleased, 100)
+        stats = server.statistics()
+    assert (stats.acquires, stats.releases, stats.active_timers) == (100, 100, 0)
+    for worker in workers:
+        mine = [e.scope_id for e in recorder.of(TimerAcquired) if e.pid == worker.pid]
+        assert mine == [f"level-{d}" for d in range(10)]
+
+
+async def test_ten_thousand_timers_expire_in_deadline_order(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """10,000 concurrent timers all expire, each at its own deadline, earliest first."""
+    worker = spawn()
+    count = 10_000
+    lines = [
+        TimerRequest(worker.pid, f"s{i}", wall() + 1 + (i * 7919) % count / 100, 0)
+        for i in range(count)
+    ]
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        from aioelastic.timer import encode_request
+
+        for start in range(0, count, 40):
+            write_raw(fifo, b"".join(encode_request(r) for r in lines[start : start + 40]))
+            if start % 2000 == 0:  # let the server drain the pipe now and then
+                await recorder.wait_count(TimerAcquired, start + 40)
+        await recorder.wait_count(TimerAcquired, count)
+        assert server.statistics().active_timers == count
+        clock.advance(50.995)
+        await recorder.wait_for(lambda: len(recorder.of(TimerExpired)) >= count // 2)
+        assert len(recorder.of(TimerExpired)) == count // 2
+        clock.advance(100)
+        expired = await recorder.wait_count(TimerExpired, count)
+    deadlines = [e.deadline for e in expired]
+    assert deadlines == sorted(deadlines)
+    assert len({e.scope_id for e in expired}) == count
+
+
+# -- escalation and hooks --------------------------------------------------------------------
+
+IGNORES_SIGTERM = """
+import signal, sys
+signal.signal(signal.SIGTERM, lambda *_: print("term", flush=True))
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_escalation_sends_sigterm_then_sigkill(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """With kill_grace, SIGTERM goes first; a worker still alive after the grace gets SIGKILL."""
+    worker = spawn(IGNORES_SIGTERM)
+    assert await read_line(worker) == b"ready\n"
+    async with server_for(fifo, recorder, clock, wall_clock=wall, kill_grace=5):
+        arm(fifo, worker.pid, "stuck", wall() + 1)
+        await recorder.wait_count(TimerAcquired, 1)
+        clock.advance(2)
+        assert await read_line(worker) == b"term\n"
+        assert worker.poll() is None
+        clock.advance(5)
+        [reaped] = await recorder.wait_count(TimerReaped, 1)
+        assert await wait_exit(worker) == -signal.SIGKILL
+    assert (reaped.signal, reaped.escalated) == (signal.SIGKILL, True)
+
+
+async def test_escalation_stops_when_sigterm_suffices(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """A worker that exits on SIGTERM is reported reaped by SIGTERM, without escalation."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock, wall_clock=wall, kill_grace=5):
+        arm(fifo, worker.pid, "stuck", wall() + 1)
+        await recorder.wait_count(TimerAcquired, 1)
+        clock.advance(2)
+        [reaped] = await recorder.wait_count(TimerReaped, 1)
+        assert await wait_exit(worker) == -signal.SIGTERM
+    assert (reaped.signal, reaped.escalated) == (signal.SIGTERM, False)
+
+
+async def test_before_reap_hook_runs_while_the_worker_is_alive(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """The hook gets the expiry and runs before the kill (for example to dump stacks)."""
+    worker = spawn()
+    seen: list[tuple[str, bool]] = []
+
+    async def hook(expired: TimerExpired) -> None:
+        seen.append((expired.scope_id, worker.poll() is None))
+
+    async with server_for(fifo, recorder, clock, wall_clock=wall, before_reap=hook):
+        arm(fifo, worker.pid, "dump-me", wall() + 1)
+        await recorder.wait_count(TimerAcquired, 1)
+        clock.advance(2)
+        await recorder.wait_count(TimerReaped, 1)
+    assert seen == [("dump-me", True)]
+
+
+def test_negative_grace_is_refused(fifo: str) -> None:
+    """A negative kill_grace is a configuration error naming the value."""
+    with pytest.raises(TimerConfigError, match="kill_grace must be >= 0 seconds, got -1"):
+        FileTimerServer(fifo, "test", kill_grace=-1)
+
+
+# -- safety ----------------------------------------------------------------------------------
+
+
+async def rejections(recorder: Recorder, count: int) -> list[RequestRejected]:
+    return await recorder.wait_count(RequestRejected, count)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("pid", [-5, 0, 1])
+async def test_low_and_negative_pids_are_never_watched(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, pid: int
+) -> None:
+    """Requests for pid <= 1 are dropped as forbidden."""
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        arm(fifo, pid, "s", wall() - 1)
+        [rejected] = await rejections(recorder, 1)
+        assert server.statistics().rejected == {RejectReason.FORBIDDEN_PID: 1}
+    assert rejected.pid == pid
+    assert "pid <= 1" in rejected.detail
+
+
+async def test_server_never_watches_itself_or_its_group_leader(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock
+) -> None:
+    """The server's own pid and its process-group leader are refused; nothing expires."""
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        arm(fifo, os.getpid(), "self", wall() - 1, signal=0)
+        arm(fifo, os.getpgrp(), "group", wall() - 1, signal=0)
+        rejected = await rejections(recorder, 2)
+        assert server.statistics().rejected == {RejectReason.FORBIDDEN_PID: 2}
+    assert recorder.of(TimerExpired) == []
+    assert "own process" in rejected[0].detail
+
+
+async def test_vanished_pid_is_rejected(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """An acquire for a process that no longer exists is dropped as no such process."""
+    gone = spawn()
+    gone.kill()
+    gone.wait()
+    async with server_for(fifo, recorder, clock, wall_clock=wall):
+        arm(fifo, gone.pid, "s", wall() + 10)
+        [rejected] = await rejections(recorder, 1)
+    assert rejected.reason == RejectReason.NO_SUCH_PROCESS
+
+
+async def test_pid_policy_leaves_other_processes_alone(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """With WatchPolicy.pids, an unlisted process's timer is refused and it is never signalled."""
+    listed, other = spawn(), spawn()
+    policy = WatchPolicy.pids({listed.pid})
+    async with server_for(fifo, recorder, clock, wall_clock=wall, watch=policy):
+        arm(fifo, other.pid, "s", wall() + 1)
+        arm(fifo, listed.pid, "s", wall() + 2)
+        [rejected] = await rejections(recorder, 1)
+        await recorder.wait_count(TimerAcquired, 1)
+        clock.advance(10)
+        [reaped] = await recorder.wait_count(TimerReaped, 1)
+        assert await wait_exit(listed) == -signal.SIGKILL
+    assert (rejected.reason, rejected.pid, reaped.pid) == (
+        RejectReason.NOT_WATCHED,
+        other.pid,
+        listed.pid,
+    )
+    assert other.poll() is None
+
+
+SPAWNS_GRANDCHILD = """
+import subprocess, sys
+code = "import sys; sys.stdin.read()"
+child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+print(child.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_descendants_policy_accepts_grandchildren_only(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """descendants_of(p) admits p's grandchild and refuses a process outside p's tree."""
+    parent = spawn(SPAWNS_GRANDCHILD)
+    grandchild = int(await read_line(parent))
+    outsider = spawn()
+    policy = WatchPolicy.descendants_of(parent.pid)
+    async with server_for(fifo, recorder, clock, wall_clock=wall, watch=policy):
+        arm(fifo, outsider.pid, "s", wall() + 60)
+        arm(fifo, grandchild, "s", wall() + 60)
+        [rejected] = await rejections(recorder, 1)
+        [acquired] = await recorder.wait_count(TimerAcquired, 1)
+    assert (rejected.pid, acquired.pid) == (outsider.pid, grandchild)
+    assert f"does not descend from pid {parent.pid}" in rejected.detail
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """A process of another user (``cat`` as nobody: the venv's python is not theirs to run)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as another user")
+    proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, user="nobody")
+    yield proc
+    proc.kill()
+    proc.communicate()
+
+
+async def test_default_policy_refuses_other_users(
+    fifo: str,
+    recorder: Recorder,
+    clock: ManualClock,
+    wall: WallClock,
+    stranger: subprocess.Popen[bytes],
+) -> None:
+    """By default a process of another user is not watched (and so never signalled)."""
+    async with server_for(fifo, recorder, clock, wall_clock=wall):
+        arm(fifo, stranger.pid, "s", wall() - 1)
+        [rejected] = await rejections(recorder, 1)
+    assert rejected.reason == RejectReason.NOT_WATCHED
+    assert "runs as uid" in rejected.detail
+    assert stranger.poll() is None
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+async def test_bad_lines_cost_only_themselves(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+) -> None:
+    """Bad lines in one write are dropped and counted by reason; good lines around them apply."""
+    from aioelastic.timer import encode_request
+
+    worker = spawn()
+    good = [encode_request(TimerRequest(worker.pid, f"s{i}", wall() + 60, 0)) for i in range(3)]
+    bad = [
+        b"{not json\n",
+        b"\xff\xfe\n",
+        b'{"version": 1, "pid": 5}\n',
+        b'{"version": 1, "pid": "x", "scope_id": "s", "expiration_time": 1, "signal": 9}\n',
+        b'{"version": 7}\n',
+    ]
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        write_raw(fifo, good[0] + b"".join(bad[:3]) + good[1] + b"".join(bad[3:]) + good[2])
+        write_raw(fifo, b"z" * (PIPE_BUF + 10) + b"\n")
+        await recorder.wait_count(TimerAcquired, 3)
+        await recorder.wait_count(RequestRejected, 6)
+        stats = server.statistics()
+    assert stats.active_timers == 3
+    assert stats.rejected == {
+        RejectReason.INVALID_JSON: 1,
+        RejectReason.NOT_UTF8: 1,
+        RejectReason.MISSING_FIELD: 1,
+        RejectReason.WRONG_TYPE: 1,
+        RejectReason.UNSUPPORTED_VERSION: 1,
+        RejectReason.TOO_LONG: 1,
+    }
+
+
+async def test_failing_subscriber_does_not_stop_the_server(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+) -> None:
+    """An exception in one event callback is logged; other subscribers still get events."""
+    worker = spawn()
+
+    def broken(event: object) -> None:
+        raise RuntimeError("subscriber bug")
+
+    async with FileTimerServer(fifo, "test", on_event=broken, clock=clock) as server:
+        unsubscribe = server.subscribe(recorder)
+        arm(fifo, worker.pid, "a", time.time() + 60)
+        await recorder.wait_count(TimerAcquired, 1)
+        unsubscribe()
+        arm(fifo, worker.pid, "b", time.time() + 60)
+        await recorder_stats(server, 2)
+    assert len(recorder.of(TimerAcquired)) == 1
+
+
+async def recorder_stats(server: FileTimerServer, acquires: int) -> None:
+    probe = Recorder()
+    unsubscribe = server.subscribe(probe)
+    try:
+        await probe.wait_for(lambda: server.statistics().acquires >= acquires)
+    finally:
+        unsubscribe()
+
+
+async def test_last_progress_time_is_now_when_idle(
+    fifo: str, recorder: Recorder, clock: ManualClock
+) -> None:
+    """An idle server reports progress as of now (nothing is waiting to be handled)."""
+    server = server_for(fifo, recorder, clock)
+    before = int(time.time())
+    assert server.get_last_progress_time() >= before
+    async with server:
+        assert server.get_last_progress_time() >= before
