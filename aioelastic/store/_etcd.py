@@ -39,11 +39,11 @@ from aioelastic.store._errors import (
     StoreClosedError,
     StoreConnectionError,
     StoreError,
+    StoreOutcomeUnknownError,
     StoreTimeoutError,
 )
 from aioelastic.store._etcd_rpc import (
     EtcdConnection,
-    EtcdOutcomeUnknownError,
     Member,
     TLSConfig,
     describe,
@@ -509,12 +509,10 @@ class EtcdStore(Store):
         session = self._session
         if self._slots[slot] == 0 and session is not None and await self._keepalive(session) > 0:
             return None
-        raise EtcdOutcomeUnknownError(
-            f"etcd://{self._conn.endpoints}",
-            f"{what} of {key.decode(errors='replace')!r} may or may not have been applied: "
-            f"its reply was lost ({describe(error)}) and the session lease that recorded it "
-            "expired; read the key to see its state",
-        )
+        # The session lease (and with it the marker) expired: the outcome cannot be known.
+        raise StoreOutcomeUnknownError(
+            self._endpoint, what, key[len(self._data) :].decode(errors="replace")
+        ) from error
 
     # -- waits -------------------------------------------------------------------------------
 
@@ -578,6 +576,30 @@ class EtcdStore(Store):
         finally:
             call.cancel()
 
+    async def _changed_since(self, start: bytes, end: bytes, after: int) -> int | None:
+        """Return the store revision if a key in ``[start, end)`` changed after ``after``."""
+        # (etcd's count ignores the revision filters, so read keys instead of counting)
+        changed = rpc.RangeRequest(
+            key=start, range_end=end, keys_only=True, min_mod_revision=after + 1
+        )
+        now = rpc.RangeRequest(key=start, range_end=end, keys_only=True)
+        then = rpc.RangeRequest(key=start, range_end=end, keys_only=True, revision=after)
+        request = rpc.TxnRequest(
+            success=[rpc.RequestOp(request_range=op) for op in (changed, now, then)]
+        )
+        try:
+            response = await self._txn("read", request)
+        except Exception as error:
+            if is_rpc_error(error) and "compacted" in describe(error):
+                return None if after <= 0 else await self._revision()
+            raise
+        modified, current, previous = (op.response_range for op in response.responses)
+        deleted = {kv.key for kv in previous.kvs} - {kv.key for kv in current.kvs}
+        return int(response.header.revision) if modified.kvs or deleted else None
+
+    async def _revision(self) -> int:
+        return int((await self._range(self._data, count_only=True)).header.revision)
+
     async def _wait_present(self, keys: Sequence[str], timeout: float | None) -> list[bytes]:
         """Return the values of ``keys`` once all exist, watching the missing ones."""
         names = list(keys)
@@ -592,9 +614,9 @@ class EtcdStore(Store):
                 return [bytes(kv.value) for kv in kvs]
             with anyio.move_on_after(deadline - anyio.current_time()) as scope:
                 await self._watch([(k, b"") for k in missing], revision + 1)
-            if scope.cancelled_caught:
-                break
             revision, kvs = await self._read(full)
+            if scope.cancelled_caught and any(kv is None for kv in kvs):
+                break
         absent = [name for name, k in zip(names, full, strict=True) if k in missing]
         raise StoreTimeoutError(absent, resolved, self._endpoint)
 
@@ -715,8 +737,13 @@ class EtcdStore(Store):
         self._check_serving()
         start = self._data + check_key(prefix).encode()
         resolved = self.resolve_timeout(timeout)
+        end = _range_end(start)
         with anyio.move_on_after(resolved):
-            return await self._watch([(start, _range_end(start))], after + 1)
+            return await self._watch([(start, end)], after + 1)
+        # A watch replays history only after a short delay, so check it before giving up.
+        revision = await self._changed_since(start, end, after)
+        if revision is not None:
+            return revision
         raise StoreTimeoutError([f"{prefix}*"], resolved, self._endpoint)
 
     def __repr__(self) -> str:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from aioelastic.store._errors import StoreConnectionError, StoreError
+from aioelastic.store._errors import StoreConnectionError, StoreRefusedError
 
 _IMPORT_ERROR: ImportError | None = None
 try:
@@ -29,9 +29,7 @@ except ImportError as error:  # pragma: no cover - exercised without the extra i
     grpc = rpc = None
 
 __all__ = [
-    "EtcdAuthenticationError",
     "EtcdConnection",
-    "EtcdOutcomeUnknownError",
     "Member",
     "TLSConfig",
     "describe",
@@ -65,14 +63,6 @@ def require_extra() -> None:
         raise ImportError(
             f"EtcdStore needs the etcd client: pip install 'aioelastic[etcd]' ({_IMPORT_ERROR})"
         ) from _IMPORT_ERROR
-
-
-class EtcdAuthenticationError(StoreError):
-    """etcd refused the user name and password (or the user may not touch the keys)."""
-
-
-class EtcdOutcomeUnknownError(StoreConnectionError):
-    """A non-idempotent write may or may not have been applied, and it cannot be checked."""
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> tuple[list[str], bool]:
@@ -241,9 +231,10 @@ class EtcdConnection:
         except grpc.aio.AioRpcError as error:
             if _is_retryable(error):
                 raise
-            raise EtcdAuthenticationError(
-                f"etcd at {member.address} refused user {self._user!r}: {error.details()}; "
-                "check the user name and password"
+            raise StoreRefusedError(
+                member.address,
+                f"etcd refused user {self._user!r}: {error.details()}; "
+                "check the user name and password",
             ) from None
         member.metadata = (("token", response.token),)
 
@@ -273,9 +264,10 @@ class EtcdConnection:
                     member.metadata = None  # the token expired: get a new one and retry
                     continue
                 if error.code() == grpc.StatusCode.PERMISSION_DENIED:
-                    raise EtcdAuthenticationError(
-                        f"etcd at {member.address} denied {what} to user {self._user!r}: "
-                        f"{error.details()}; grant the user read/write on the key prefix"
+                    raise StoreRefusedError(
+                        member.address,
+                        f"etcd denied {what} to user {self._user!r}: {error.details()}; "
+                        "grant the user read/write access to the key prefix",
                     ) from None
                 if not _is_retryable(error) or not idempotent:
                     raise

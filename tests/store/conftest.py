@@ -18,10 +18,10 @@ import pytest
 from aioelastic.store import MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
 from aioelastic.testing import ManualClock
 
-BACKENDS = ["memory", "prefix", "tcp"]
+BACKENDS = ["memory", "prefix", "tcp", "etcd"]
 """Every store backend the conformance suite runs on."""
 
-ASYNCIO_ONLY: set[str] = set()
+ASYNCIO_ONLY: set[str] = {"etcd"}
 """Backends skipped on trio (their client library is asyncio-only)."""
 
 CLOCKED = {"memory", "prefix", "tcp"}
