@@ -2,7 +2,11 @@
 
 ``MemoryStore`` is the in-process default (and the TCP server's core); ``PrefixStore`` is a
 namespaced view of any store; ``TCPStoreServer`` and ``TCPStore`` share a store across hosts.
+``EtcdStore`` keeps it in an etcd v3 cluster (extra ``aioelastic[etcd]``; imported on first use,
+so importing this package never loads gRPC).
 """
+
+from typing import TYPE_CHECKING
 
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value
 from aioelastic.store._errors import (
@@ -20,8 +24,44 @@ from aioelastic.store._prefix import PrefixStore
 from aioelastic.store._tcp_client import TCPStore
 from aioelastic.store._tcp_server import TCPStoreServer, TCPStoreServerStatistics
 
+if TYPE_CHECKING:
+    from aioelastic.store._etcd import (
+        EtcdFailover,
+        EtcdLeaseLost,
+        EtcdStore,
+        EtcdStoreEvent,
+        EtcdStoreStatistics,
+        EtcdWatchResumed,
+    )
+
+_ETCD_NAMES = frozenset(
+    {
+        "EtcdFailover",
+        "EtcdLeaseLost",
+        "EtcdStore",
+        "EtcdStoreEvent",
+        "EtcdStoreStatistics",
+        "EtcdWatchResumed",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _ETCD_NAMES:
+        from aioelastic.store import _etcd
+
+        return getattr(_etcd, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "EtcdFailover",
+    "EtcdLeaseLost",
+    "EtcdStore",
+    "EtcdStoreEvent",
+    "EtcdStoreStatistics",
+    "EtcdWatchResumed",
     "MemoryStore",
     "MemoryStoreStatistics",
     "PrefixStore",
