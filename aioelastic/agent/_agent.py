@@ -62,7 +62,7 @@ from aioelastic.agent._report import WorkerFailure, read_error_file
 from aioelastic.agent._spec import WorkerSpec
 
 if TYPE_CHECKING:
-    from aioelastic.rendezvous import RendezvousInfo
+    from aioelastic.rendezvous._info import RendezvousInfo
     from aioelastic.timer import TimerEvent
 
 T = TypeVar("T")
@@ -321,7 +321,7 @@ class ElasticAgent:
     # -- the loop ---------------------------------------------------------------------------
 
     async def _supervise(self) -> RunResult:
-        from aioelastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
+        from aioelastic.rendezvous._errors import RendezvousClosedError, RendezvousGracefulExitError
 
         handler = self.spec.rdzv_handler
         while True:
@@ -518,7 +518,10 @@ class ElasticAgent:
         return self._log_dir / f"attempt_{restart_count}"
 
     async def _watch(self, worker: _Worker, notices: MemoryObjectSendStream[_Exited]) -> None:
-        await worker.process.watch()
+        # Shielded: cancelling the attempt must not SIGKILL the worker before _stop() has
+        # given it the polite signal and the shutdown timeout; _stop() always ends it.
+        with anyio.CancelScope(shield=True):
+            await worker.process.watch()
         worker.ended_at = time.time()
         notices.send_nowait(_Exited(worker.ranks.local_rank))
 
@@ -540,7 +543,7 @@ class ElasticAgent:
         raise AssertionError("the notice stream closed while workers were running")
 
     async def _wait_round_invalidated(self) -> tuple[_Outcome, str]:
-        from aioelastic.rendezvous import InvalidationReason
+        from aioelastic.rendezvous._info import InvalidationReason
 
         event = await self.spec.rdzv_handler.wait_round_invalidated()
         if event.reason is InvalidationReason.CLOSED:
@@ -567,11 +570,13 @@ class ElasticAgent:
                 await self._kill_now.wait()
                 return False
 
-            with anyio.move_on_after(self.spec.shutdown_timeout):
-                await first_of(all_exited, kill_now)
-            stubborn = [w for w in alive if w.process.returncode is None]
-            for worker in stubborn:
-                worker.process.signal_group(signal.SIGKILL)
+            try:
+                with anyio.move_on_after(self.spec.shutdown_timeout):
+                    await first_of(all_exited, kill_now)
+            finally:
+                stubborn = [w for w in alive if w.process.returncode is None]
+                for worker in stubborn:
+                    worker.process.signal_group(signal.SIGKILL)
             await all_exited()
             reason = attempt.detail or "cancelled"
             if self._stop_signal is not None:
