@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.abc
 
 WORKER = str(Path(__file__).parent / "workers" / "scenario.py")
 BOUND = 60
@@ -64,3 +69,58 @@ async def wait_gone(pid: int) -> None:
 def python_worker(*args: str) -> tuple[str, tuple[str, ...]]:
     """The (entrypoint, args) pair running the scenario worker with ``args``."""
     return sys.executable, ("-u", WORKER, *args)
+
+
+class Launched:
+    """An ``aioelastic run`` process; its stdout and stderr are read as they come."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        self.out = Console()
+        self.err = Console()
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    def send_signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def __repr__(self) -> str:
+        return f"Launched(out={self.out.text!r}, err={self.err.text!r})"
+
+
+async def _copy(stream: anyio.abc.ByteReceiveStream | None, console: Console) -> None:
+    assert stream is not None
+    async for chunk in stream:
+        console.write(chunk)
+
+
+@contextlib.asynccontextmanager
+async def launched(*argv: str, env: dict[str, str] | None = None) -> AsyncIterator[Launched]:
+    """Run ``aioelastic run ARGV`` for the block; kill it at the end if it still runs."""
+    process = await anyio.open_process(
+        [sys.executable, "-m", "aioelastic", "run", *argv],
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
+    run = Launched(process)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_copy, process.stdout, run.out)
+        tg.start_soon(_copy, process.stderr, run.err)
+        try:
+            yield run
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None:
+                    process.kill()
+                await process.wait()
+            # Output still in flight is read; a pipe held open by a stray process is not waited.
+            tg.cancel_scope.deadline = anyio.current_time() + 5
+    await process.aclose()
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

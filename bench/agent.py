@@ -1,0 +1,110 @@
+"""Agent benchmarks: ``aioelastic run`` against ``torchrun`` on the same machine, same run.
+
+* trivial job: wall time of a standalone job whose 2 workers exit at once;
+* failure to restart: from a worker's failing exit (its own timestamp) to its replacement's
+  first line of Python (the replacement's timestamp), with 2 workers and one restart.
+
+Run ``python -m bench.agent [--repeat N]``. torchrun is skipped when torch is not installed.
+Figures are medians; on a shared machine they are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+TRIVIAL = "import os\n"
+
+FAIL_ONCE = """\
+import os, sys, time
+now = time.time()
+out = sys.argv[1]
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+if os.environ["LOCAL_RANK"] == "0":
+    if attempt == "0":
+        with open(out + ".failed", "w") as f:
+            f.write(repr(time.time()))
+        sys.exit(1)
+    with open(out + ".restarted", "w") as f:
+        f.write(repr(now))
+"""
+
+Launcher = Callable[[list[str]], list[str]]
+
+
+def aioelastic_run(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "aioelastic", "run", *args]
+
+
+def torchrun(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def run(cmd: list[str]) -> float:
+    """Run ``cmd`` to completion; return its wall time in seconds."""
+    env = {**os.environ, "LOGLEVEL": "ERROR"}
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, env=env, check=False)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{cmd} exited {done.returncode}:\n{done.stderr.decode()[-2000:]}")
+    return elapsed
+
+
+def trivial_job(launcher: Launcher, script: Path) -> float:
+    return run(launcher(["--standalone", "--nproc-per-node", "2", str(script)]))
+
+
+def failure_to_restart(launcher: Launcher, script: Path, workdir: Path) -> float:
+    out = workdir / f"mark-{time.perf_counter_ns()}"
+    run(
+        launcher(
+            ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", str(script), str(out)]
+        )
+    )
+    failed = float(Path(f"{out}.failed").read_text())
+    restarted = float(Path(f"{out}.restarted").read_text())
+    return restarted - failed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5, help="runs per measurement")
+    repeat = parser.parse_args().repeat
+    launchers: dict[str, Launcher] = {"aioelastic": aioelastic_run}
+    if importlib.util.find_spec("torch") is not None:
+        launchers["torchrun"] = torchrun
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        trivial = workdir / "trivial.py"
+        trivial.write_text(TRIVIAL)
+        fail_once = workdir / "fail_once.py"
+        fail_once.write_text(FAIL_ONCE)
+        rows = [
+            ("trivial 2-worker job, wall (s)", lambda cmd: trivial_job(cmd, trivial)),
+            ("failure to restart (s)", lambda cmd: failure_to_restart(cmd, fail_once, workdir)),
+        ]
+        print(f"agent benchmarks: median of {repeat} runs, {os.cpu_count()} CPUs (noisy if shared)")
+        print(f"{'measure':34} {'aioelastic':>11} {'torchrun':>10} {'speed-up':>9}")
+        for name, measure in rows:
+            medians = {
+                label: statistics.median(measure(launcher) for _ in range(repeat))
+                for label, launcher in launchers.items()
+            }
+            ours = medians["aioelastic"]
+            theirs = medians.get("torchrun")
+            ratio = f"{theirs / ours:8.1f}x" if theirs else "      n/a"
+            theirs_text = f"{theirs:10.3f}" if theirs else "       n/a"
+            print(f"{name:34} {ours:11.3f} {theirs_text} {ratio}")
+
+
+if __name__ == "__main__":
+    main()
