@@ -421,9 +421,15 @@ def describe(event: AgentEvent) -> str | None:
 async def launch(config: LaunchConfig) -> int:
     """Rendezvous, run the agent, print the failure report; return the exit status."""
     from aioelastic.agent._agent import ElasticAgent
+    from aioelastic.agent._errors import AgentError, WorkerSpecError
     from aioelastic.agent._report import format_report
     from aioelastic.agent._spec import WorkerSpec
-    from aioelastic.rendezvous import RendezvousParameters, get_rendezvous_handler
+    from aioelastic.rendezvous import (
+        RendezvousError,
+        RendezvousParameterError,
+        RendezvousParameters,
+        get_rendezvous_handler,
+    )
 
     try:
         params = RendezvousParameters(
@@ -435,21 +441,28 @@ async def launch(config: LaunchConfig) -> int:
             local_addr=config.local_addr,
             **config.rdzv_conf,
         )
-    except ValueError as exc:
-        _one_line_error(f"--rdzv-conf: {exc}")
-    async with get_rendezvous_handler(params) as handler:
-        spec = WorkerSpec(
-            config.entrypoint,
-            handler,
-            args=config.args,
-            role=config.role,
-            local_world_size=config.nproc_per_node,
-            max_restarts=config.max_restarts,
-            shutdown_timeout=config.shutdown_timeout,
-            logs=config.logs,
-        )
-        agent = ElasticAgent(spec, on_event=ConsoleReporter(), shutdown_signals=config.signals)
-        result = await agent.run()
+        handler_context = get_rendezvous_handler(params)
+    except ValueError as exc:  # a bad backend name or option: the user's to fix
+        _one_line_error(f"--rdzv-backend/--rdzv-conf: {exc}")
+    try:
+        async with handler_context as handler:
+            spec = WorkerSpec(
+                config.entrypoint,
+                handler,
+                args=config.args,
+                role=config.role,
+                local_world_size=config.nproc_per_node,
+                max_restarts=config.max_restarts,
+                shutdown_timeout=config.shutdown_timeout,
+                logs=config.logs,
+            )
+            agent = ElasticAgent(spec, on_event=ConsoleReporter(), shutdown_signals=config.signals)
+            result = await agent.run()
+    except (RendezvousParameterError, WorkerSpecError) as exc:
+        _one_line_error(str(exc))
+    except (RendezvousError, AgentError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     if result.failures:
         print(format_report(config.title, result.failures), file=sys.stderr)
     return result.exit_status

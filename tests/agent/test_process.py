@@ -13,10 +13,9 @@ import pytest
 
 from aioelastic.agent import WorkerSpawnError
 from aioelastic.agent._process import WorkerProcess
+from tests.agent.conftest import BOUND, wait_gone
 
 pytestmark = pytest.mark.anyio
-
-BOUND = 30  # generous: process start-up on a loaded 2-core machine
 
 
 async def read_line(fd: int) -> str:
@@ -33,18 +32,6 @@ async def read_line(fd: int) -> str:
             raise EOFError(f"pipe closed after {data!r}")
         data += chunk
     return data.decode().strip()
-
-
-async def wait_gone(pid: int) -> None:
-    """Return once ``pid`` (any process, not only a child) has exited."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        await anyio.wait_readable(fd)
-    finally:
-        os.close(fd)
 
 
 def spawn_python(code: str, stdout: int | None = None) -> WorkerProcess:
@@ -110,6 +97,7 @@ async def test_worker_dies_with_a_killed_agent() -> None:
         """
         import os, sys, anyio
         from aioelastic.agent._process import WorkerProcess
+from tests.agent.conftest import BOUND, wait_gone
         async def main():
             w = WorkerProcess.spawn([sys.executable, "-c", "import time; time.sleep(600)"],
                                     os.environ)
