@@ -97,7 +97,6 @@ async def test_worker_dies_with_a_killed_agent() -> None:
         """
         import os, sys, anyio
         from aioelastic.agent._process import WorkerProcess
-from tests.agent.conftest import BOUND, wait_gone
         async def main():
             w = WorkerProcess.spawn([sys.executable, "-c", "import time; time.sleep(600)"],
                                     os.environ)
