@@ -194,9 +194,9 @@ class EtcdStore(Store):
         await task_group.__aenter__()
         try:
             await task_group.start(self.serve)
-        except BaseException as error:
+        except BaseException:
             task_group.cancel_scope.cancel()
-            await task_group.__aexit__(type(error), error, error.__traceback__)
+            await task_group.__aexit__(None, None, None)
             raise
         self._task_group = task_group
         return self
@@ -532,7 +532,9 @@ class EtcdStore(Store):
             try:
                 return await self._watch_on(member, ranges, start_revision, established)
             except Exception as error:
-                if not is_retryable(error) and not isinstance(error, StoreConnectionError):
+                if is_rpc_error(error) and not is_retryable(error):
+                    raise self._conn.rejected(member, "watch", error) from None
+                if not is_rpc_error(error) and not isinstance(error, StoreConnectionError):
                     raise
                 self._conn.failover(member, error)
                 now = anyio.current_time()
@@ -587,12 +589,20 @@ class EtcdStore(Store):
         request = rpc.TxnRequest(
             success=[rpc.RequestOp(request_range=op) for op in (changed, now, then)]
         )
-        try:
-            response = await self._txn("read", request)
-        except Exception as error:
-            if is_rpc_error(error) and "compacted" in describe(error):
-                return None if after <= 0 else await self._revision()
-            raise
+
+        async def attempt(member: Member, timeout: float) -> Any:
+            try:
+                return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.OUT_OF_RANGE:
+                    raise
+                # "compacted": history is gone, report a change (callers re-read);
+                # "future revision": nothing can have changed after it yet.
+                return "compacted" in (error.details() or "")
+
+        response = await self._conn.call("read", attempt)
+        if isinstance(response, bool):
+            return await self._revision() if response else None
         modified, current, previous = (op.response_range for op in response.responses)
         deleted = {kv.key for kv in previous.kvs} - {kv.key for kv in current.kvs}
         return int(response.header.revision) if modified.kvs or deleted else None

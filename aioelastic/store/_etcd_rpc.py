@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from aioelastic.store._errors import StoreConnectionError, StoreRefusedError
+from aioelastic.store._errors import StoreConnectionError, StoreError, StoreRefusedError
 
 _IMPORT_ERROR: ImportError | None = None
 try:
@@ -263,13 +263,11 @@ class EtcdConnection:
                 if error.code() == grpc.StatusCode.UNAUTHENTICATED and member.metadata:
                     member.metadata = None  # the token expired: get a new one and retry
                     continue
-                if error.code() == grpc.StatusCode.PERMISSION_DENIED:
-                    raise StoreRefusedError(
-                        member.address,
-                        f"etcd denied {what} to user {self._user!r}: {error.details()}; "
-                        "grant the user read/write access to the key prefix",
-                    ) from None
-                if not _is_retryable(error) or not idempotent:
+                if not _is_retryable(error):
+                    if error.code() == grpc.StatusCode.NOT_FOUND:
+                        raise  # a lease that no longer exists: the caller decides
+                    raise self.rejected(member, what, error) from None
+                if not idempotent:
                     raise
                 self.failover(member, error)
                 now = anyio.current_time()
@@ -277,6 +275,22 @@ class EtcdConnection:
                     raise self.unreachable(what, error) from None
                 await anyio.sleep(delay * (0.5 + random.random() / 2))
                 delay = min(delay * 2, _BACKOFF_MAX)
+
+    def rejected(self, member: Member, what: str, error: Any) -> StoreError:
+        """The error for a call etcd refused (bad credentials, permissions, a bad request)."""
+        details = error.details() or ""
+        if error.code() == grpc.StatusCode.PERMISSION_DENIED:
+            return StoreRefusedError(
+                member.address,
+                f"etcd denied {what} to user {self._user!r}: {details}; "
+                "grant the user read/write access to the key prefix",
+            )
+        if "user name is empty" in details:
+            return StoreRefusedError(
+                member.address,
+                f"etcd has authentication on: a user name and password are required ({details})",
+            )
+        return StoreError(f"etcd at {member.address} rejected {what}: {describe(error)}")
 
     def unreachable(self, what: str, error: BaseException) -> StoreConnectionError:
         """The error for a call that found no working member within the retry budget."""
