@@ -530,7 +530,7 @@ class EtcdStore(Store):
         while True:
             member = self._conn.current
             try:
-                return await self._watch_on(member, ranges, start_revision, established)
+                revision = await self._watch_on(member, ranges, start_revision, established)
             except Exception as error:
                 if is_rpc_error(error) and not is_retryable(error):
                     raise self._conn.rejected(member, "watch", error) from None
@@ -546,6 +546,9 @@ class EtcdStore(Store):
                 self._emit(
                     EtcdWatchResumed(start_revision, self._conn.current_address, describe(error))
                 )
+            else:
+                # None: the history from start_revision was compacted; wake up, callers re-read.
+                return revision if revision is not None else await self._revision()
 
     async def _watch_on(
         self,
@@ -553,7 +556,7 @@ class EtcdStore(Store):
         ranges: Sequence[tuple[bytes, bytes]],
         start_revision: int,
         established: Callable[[], None],
-    ) -> int:
+    ) -> int | None:
         await self._conn.authenticate(member)
         # "hasleader": etcd ends the watch if this member loses its leader (no stale waits).
         call = member.watch.Watch(metadata=(*(member.metadata or ()), ("hasleader", "true")))
@@ -567,7 +570,9 @@ class EtcdStore(Store):
                 response = await call.read()
                 if response is grpc.aio.EOF:
                     raise StoreConnectionError(member.address, "the watch stream ended")
-                if response.compact_revision or response.events:
+                if response.compact_revision:
+                    return None
+                if response.events:
                     return int(response.header.revision)
                 if response.canceled:
                     raise StoreConnectionError(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import anyio
+import grpc
 import pytest
+from aetcd import rpc
 
 from aioelastic.store import Store, StoreClosedError, StoreTimeoutError
 from aioelastic.store._etcd import EtcdLeaseLost, EtcdStore, EtcdStoreEvent
@@ -169,3 +171,45 @@ def test_user_without_password_is_refused() -> None:
     """Authentication needs both the user and the password."""
     with pytest.raises(ValueError, match="needs both user and password"):
         EtcdStore("127.0.0.1:2379", user="root")
+
+
+async def test_a_revoked_session_lease_is_reported_and_replaced(
+    etcd_server: EtcdCluster, etcd_prefix: str
+) -> None:
+    """When the store's session lease disappears, the keepalive task reports it and renews."""
+    lost = anyio.Event()
+    events: list[EtcdStoreEvent] = []
+
+    def on_event(event: EtcdStoreEvent) -> None:
+        events.append(event)
+        if isinstance(event, EtcdLeaseLost):
+            lost.set()
+
+    async with EtcdStore(
+        etcd_server.endpoints, prefix=etcd_prefix, session_ttl=3, on_event=on_event
+    ) as store:
+        session = store.statistics().session_lease
+        assert session is not None
+        with grpc.insecure_channel(etcd_server.endpoints) as channel:
+            rpc.LeaseStub(channel).LeaseRevoke(rpc.LeaseRevokeRequest(ID=session), timeout=10)
+        with anyio.fail_after(30):
+            await lost.wait()
+        assert await store.add("n", 1) == 1
+        assert store.statistics().session_lease not in (None, session)
+    assert [(e.lease_id, e.key) for e in events if isinstance(e, EtcdLeaseLost)] == [
+        (session, None)
+    ]
+
+
+async def test_wait_for_change_from_compacted_history_returns_early(
+    etcd_server: EtcdCluster, etcd_store: EtcdStore
+) -> None:
+    """A wait from a revision etcd has compacted away returns (the caller re-reads)."""
+    old = (await etcd_store.get_prefix("p/")).revision
+    await etcd_store.set("other", b"1")
+    await etcd_store.set("other", b"2")
+    now = (await etcd_store.get_prefix("p/")).revision
+    with grpc.insecure_channel(etcd_server.endpoints) as channel:
+        rpc.KVStub(channel).Compact(rpc.CompactionRequest(revision=now), timeout=10)
+    with anyio.fail_after(30):
+        assert await etcd_store.wait_for_change("p/", after=old) >= now
