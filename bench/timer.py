@@ -1,0 +1,325 @@
+"""Watchdog-timer benchmarks: aioelastic's FileTimerServer against PyTorch's, same run.
+
+* expiry latency: from a timer's deadline (wall clock) to its worker observed dead, with 1,
+  100 and 10,000 active timers (p50 / p99 over ``--samples`` workers, one at a time);
+* throughput: requests/s from 1 and 8 client processes writing flat out (open, write, close
+  per request, as torch's client does), until the server has read them all;
+* pipe full: how many BlockingIOError an unmodified torch client meets writing flat out
+  (it would crash a real worker; the bench retries and counts);
+* idle CPU: server CPU time per second while 1,000 timers sit armed.
+
+Each server runs in its own host process (``python -m bench.timer host ours|torch PATH``).
+torch's server reaps by signalling the worker *and then its own process*, so workers are armed
+with SIGTERM and the torch host ignores SIGTERM; torch runs with ``max_interval=0.1`` (what
+torch's agent uses). Run ``python -m bench.timer``; torch rows are skipped without torch.
+The machine is shared: figures are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+TORCH_INTERVAL = 0.1
+ARM_AHEAD = 0.05  # seconds between arming a worker's timer and its deadline
+
+
+def line(pid: int, scope: str, expiration: float, signum: int) -> bytes:
+    """A version-1 request, the bytes both servers read."""
+    body = {"version": 1, "pid": pid, "scope_id": scope, "expiration_time": expiration}
+    return json.dumps({**body, "signal": signum}).encode() + b"\n"
+
+
+# -- server hosts ---------------------------------------------------------------------------
+
+
+def host_ours(path: str) -> None:
+    import anyio
+
+    from aioelastic.timer import FileTimerServer
+
+    logging.disable(logging.CRITICAL)  # as for torch's host: measure serving, not logging
+
+    async def serve() -> None:
+        async with FileTimerServer(path, "bench") as server:
+            os.write(1, b"ready\n")
+            buffer = b""
+            while True:
+                await anyio.wait_readable(0)
+                data = os.read(0, 4096)
+                if not data:
+                    return
+                buffer += data
+                while b"\n" in buffer:
+                    command, buffer = buffer.split(b"\n", 1)
+                    os.write(1, answer(command, server.statistics().requests))
+
+    anyio.run(serve)
+
+
+def host_torch(path: str) -> None:
+    from torch.distributed.elastic.timer import FileTimerServer
+
+    logging.disable(logging.CRITICAL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torch signals its own process after a reap
+    server = FileTimerServer(path, "bench", max_interval=TORCH_INTERVAL)
+    server.start()
+    os.write(1, b"ready\n")
+    for command in sys.stdin.buffer:
+        os.write(1, answer(command.strip(), server._request_count))
+
+
+def answer(command: bytes, requests: int) -> bytes:
+    if command == b"cpu":
+        return f"{time.process_time()}\n".encode()
+    return f"{requests}\n".encode()
+
+
+class Host:
+    """A server host process and the line protocol to ask it for counters."""
+
+    def __init__(self, kind: str, path: str) -> None:
+        self.path = path
+        self.proc = subprocess.Popen(
+            [sys.executable, "-W", "ignore", "-m", "bench.timer", "host", kind, path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self.ask_raw() == "ready"
+
+    def ask_raw(self, command: str | None = None) -> str:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        if command is not None:
+            self.proc.stdin.write(command.encode() + b"\n")
+            self.proc.stdin.flush()
+        return self.proc.stdout.readline().decode().strip()
+
+    def requests(self) -> int:
+        return int(self.ask_raw("count"))
+
+    def cpu(self) -> float:
+        return float(self.ask_raw("cpu"))
+
+    def wait_requests(self, count: int) -> float:
+        """Poll until the server has read ``count`` requests; return when (wall clock)."""
+        while self.requests() < count:
+            time.sleep(0.002)
+        return time.time()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@contextmanager
+def hosted(kind: str) -> Iterator[Host]:
+    with tempfile.TemporaryDirectory() as tmp:
+        host = Host(kind, str(Path(tmp) / "timer.fifo"))
+        try:
+            yield host
+        finally:
+            host.close()
+
+
+def send(path: str, data: bytes) -> None:
+    """Write ``data`` through a blocking descriptor (bulk loading; may wait for the reader)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view[:4096]) :]
+    finally:
+        os.close(fd)
+
+
+# -- measurements ---------------------------------------------------------------------------
+
+
+def expiry_latencies(host: Host, active: int, samples: int) -> list[float]:
+    """Seconds from deadline to death of ``samples`` workers, with ``active`` timers armed."""
+    anchor = subprocess.Popen(["sleep", "3600"])
+    try:
+        later = time.time() + 3600
+        loaded = host.requests() + active - 1
+        send(host.path, b"".join(line(anchor.pid, f"bg{i}", later, 0) for i in range(active - 1)))
+        host.wait_requests(loaded)
+        latencies = []
+        for _ in range(samples):
+            worker = subprocess.Popen(["sleep", "3600"])
+            pidfd = os.pidfd_open(worker.pid)
+            deadline = time.time() + ARM_AHEAD
+            send(host.path, line(worker.pid, "step", deadline, signal.SIGTERM))
+            select.select([pidfd], [], [], 60)
+            latencies.append(time.time() - deadline)
+            os.close(pidfd)
+            worker.kill()
+            worker.wait()
+        return latencies
+    finally:
+        anchor.kill()
+        anchor.wait()
+
+
+CLIENT = {
+    "ours": "from aioelastic.timer import FileTimerClient as Client",
+    "torch": "from torch.distributed.elastic.timer import FileTimerClient as Client",
+}
+
+
+def client_main(kind: str, path: str, count: int) -> None:
+    """Send ``count`` requests flat out; print start time and BlockingIOErrors met."""
+    namespace: dict[str, type] = {}
+    exec(CLIENT[kind], namespace)
+    client = namespace["Client"](path, signal.SIGTERM)
+    acquire = getattr(client, "acquire_sync", client.acquire)
+    release = getattr(client, "release_sync", client.release)
+    expiration = time.time() + 3600
+    full = 0
+    print("ready", flush=True)
+    sys.stdin.readline()  # wait for "go" so imports are not timed
+    start = time.time()
+    for i in range(count):
+        while True:
+            try:
+                if i % 2:
+                    release(f"s{i // 2 % 10}")
+                else:
+                    acquire(f"s{i // 2 % 10}", expiration)
+                break
+            except BlockingIOError:
+                full += 1
+                time.sleep(0.001)
+    print(start, full, flush=True)
+
+
+def throughput(host: Host, client: str, processes: int, per_client: int) -> tuple[float, int]:
+    """Requests/s read by the server, and BlockingIOErrors the clients met."""
+    before = host.requests()
+    clients = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-W",
+                "ignore",
+                "-m",
+                "bench.timer",
+                "client",
+                client,
+                host.path,
+                str(per_client),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    for proc in clients:  # a barrier: every client has imported before any starts
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+    for proc in clients:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    done = host.wait_requests(before + processes * per_client)
+    starts, fulls = [], 0
+    for proc in clients:
+        out, _ = proc.communicate()
+        start, full = out.split()
+        starts.append(float(start))
+        fulls += int(full)
+    return processes * per_client / (done - min(starts)), fulls
+
+
+def idle_cpu(host: Host, timers: int, seconds: float) -> float:
+    """Server CPU seconds per wall second with ``timers`` armed and no traffic."""
+    anchor = subprocess.Popen(["sleep", "3600"])
+    try:
+        later = time.time() + 3600
+        loaded = host.requests() + timers
+        send(host.path, b"".join(line(anchor.pid, f"idle{i}", later, 0) for i in range(timers)))
+        host.wait_requests(loaded)
+        time.sleep(1.0)  # let the server settle after loading
+        before = host.cpu()
+        time.sleep(seconds)
+        return (host.cpu() - before) / seconds
+    finally:
+        anchor.kill()
+        anchor.wait()
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def row(name: str, ours: float, torch: float | None, unit: str, lower_is_better: bool) -> str:
+    if torch is None:
+        return f"{name:<38} {ours:>12.4g} {'-':>12} {'-':>8}  {unit}"
+    ratio = (torch / ours if lower_is_better else ours / torch) if ours else float("inf")
+    return f"{name:<38} {ours:>12.4g} {torch:>12.4g} {ratio:>7.1f}x  {unit}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=40, help="workers reaped per latency row")
+    parser.add_argument("--requests", type=int, default=4000, help="requests per client")
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU sampling")
+    args = parser.parse_args()
+    kinds = ["ours"] + (["torch"] if importlib.util.find_spec("torch") else [])
+    results: dict[str, dict[str, float]] = {kind: {} for kind in kinds}
+    writer = "torch" if "torch" in kinds else "ours"
+    for kind in kinds:
+        r = results[kind]
+        for active in (1, 100, 10_000):
+            with hosted(kind) as host:
+                lat = sorted(expiry_latencies(host, active, args.samples))
+            r[f"expiry p50, {active} timers"] = statistics.median(lat) * 1000
+            r[f"expiry p99, {active} timers"] = lat[min(len(lat) - 1, len(lat) * 99 // 100)] * 1000
+        for processes in (1, 8):
+            with hosted(kind) as host:
+                rate, full = throughput(host, writer, processes, args.requests)
+            r[f"throughput, {processes} {writer} client(s)"] = rate
+            r[f"pipe full, {processes} {writer} client(s)"] = full
+        with hosted(kind) as host:
+            r["idle CPU, 1000 timers"] = idle_cpu(host, 1000, args.idle) * 100
+    for processes in (1, 8):
+        with hosted("ours") as host:
+            rate, _ = throughput(host, "ours", processes, args.requests)
+        results["ours"][f"throughput, {processes} our client(s) [ours only]"] = rate
+    units = {
+        "expiry": ("ms", True),
+        "throughput": ("req/s", False),
+        "pipe": ("errors", True),
+        "idle": ("% of a core", True),
+    }
+    print(f"{'measure':<38} {'aioelastic':>12} {'torch':>12} {'ratio':>8}")
+    for name, ours in results["ours"].items():
+        unit, lower = units[name.split()[0].rstrip(",")]
+        torch = results.get("torch", {}).get(name)
+        print(row(name, ours, torch, unit, lower))
+    print(
+        f"(torch: max_interval={TORCH_INTERVAL}; ratio > 1 means aioelastic is better; "
+        "a shared 2-core machine, so figures are noisy)"
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "host":
+        {"ours": host_ours, "torch": host_torch}[sys.argv[2]](sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == "client":
+        client_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()
