@@ -219,8 +219,9 @@ class FileTimerServer(TimerServerBase):
         reason = self._watch.check(pid)
         # Checked after the pidfd was opened: if that process is still alive, the answer was
         # about it and not about a process that reused its pid.
-        if reason is None and select.select([pidfd], [], [], 0)[0]:
-            reason = f"pid {pid} exited while being admitted"
+        if select.select([pidfd], [], [], 0)[0]:
+            os.close(pidfd)
+            return Rejection(RejectReason.NO_SUCH_PROCESS, f"pid {pid} has exited", pid)
         if reason is not None:
             os.close(pidfd)
             return Rejection(RejectReason.NOT_WATCHED, f"{reason} ({self._watch.description})", pid)

@@ -15,9 +15,9 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVarTuple
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -41,6 +41,8 @@ LogEvent = Callable[[str, TimerRequest | None], None]
 """PyTorch's ``log_event(name, request)`` hook: "watchdog started", "timer expired", ..."""
 
 EventCallback = Callable[[TimerEvent], None]
+
+PosArgs = TypeVarTuple("PosArgs")
 
 
 def as_request(timer: Timer) -> TimerRequest:
@@ -183,9 +185,11 @@ class TimerServerBase(abc.ABC):
             except Exception:
                 logger.exception("log_event failed on %r", name)
 
-    def _spawn(self, func: Callable[..., object], *args: object) -> None:
+    def _spawn(
+        self, func: Callable[[*PosArgs], Coroutine[Any, Any, None]], *args: *PosArgs
+    ) -> None:
         assert self._task_group is not None
-        self._task_group.start_soon(func, *args)  # type: ignore[arg-type]
+        self._task_group.start_soon(func, *args)
 
     def _apply(self, items: Iterable[TimerRequest | Rejection]) -> None:
         """Apply decoded requests in order; a rejection costs only its own line."""
