@@ -42,6 +42,7 @@ from aioelastic.store._errors import (
     StoreOutcomeUnknownError,
     StoreTimeoutError,
 )
+from aioelastic.store._etcd_combine import AddCombiner
 from aioelastic.store._etcd_rpc import (
     EtcdConnection,
     Member,
@@ -175,6 +176,7 @@ class EtcdStore(Store):
         self._free_slots: list[int] = []
         self._tokens = itertools.count(1)
         self._ttl_leases: dict[bytes, tuple[int, int]] = {}  # key -> (lease id, seconds)
+        self._adders: dict[bytes, AddCombiner] = {}
         self._subscribers: list[Callable[[EtcdStoreEvent], object]] = []
         if on_event is not None:
             self._subscribers.append(on_event)
@@ -671,12 +673,22 @@ class EtcdStore(Store):
             raise TypeError(f"add amount must be an int, not {type(amount).__name__}")
         full = self._key(key)
 
-        def change(current: bytes | None) -> bytes:
-            base = parse_int(key, current) if current is not None else 0
-            return str(base + amount).encode()
+        async def apply(total: int) -> int:
+            def change(current: bytes | None) -> bytes:
+                base = parse_int(key, current) if current is not None else 0
+                return str(base + total).encode()
 
-        written, _ = await self._update("add", full, change)
-        return int(written or b"0")
+            written, _ = await self._update("add", full, change)
+            return int(written or b"0")
+
+        combiner = self._adders.setdefault(full, AddCombiner())
+        try:
+            return await combiner.add(
+                amount, apply, lambda: StoreOutcomeUnknownError(self._endpoint, "add", key)
+            )
+        finally:
+            if not combiner.users and self._adders.get(full) is combiner:
+                del self._adders[full]
 
     async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         full = self._key(key)
