@@ -107,6 +107,7 @@ class EtcdStoreStatistics:
     leases_lost: int
     watches_resumed: int
     outcome_checks: int
+    requests: int
 
 
 def _range_end(prefix: bytes) -> bytes:
@@ -279,6 +280,7 @@ class EtcdStore(Store):
             leases_lost=self._counts["leases_lost"],
             watches_resumed=self._counts["resumed"],
             outcome_checks=self._counts["checks"],
+            requests=self._conn.requests,
         )
 
     # -- leases ------------------------------------------------------------------------------
@@ -561,6 +563,7 @@ class EtcdStore(Store):
     ) -> int | None:
         await self._conn.authenticate(member)
         # "hasleader": etcd ends the watch if this member loses its leader (no stale waits).
+        self._conn.requests += 1
         call = member.watch.Watch(metadata=(*(member.metadata or ()), ("hasleader", "true")))
         try:
             for key, end in ranges:

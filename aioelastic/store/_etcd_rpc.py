@@ -196,6 +196,7 @@ class EtcdConnection:
         self._password = password
         self._current = 0
         self._on_failover = on_failover
+        self.requests = 0  # attempts sent, watches included (for statistics and benchmarks)
         self.endpoints = ",".join(addresses)
 
     def open(self) -> None:
@@ -258,6 +259,7 @@ class EtcdConnection:
             member = self.current
             try:
                 await self.authenticate(member)
+                self.requests += 1
                 return await attempt(member, self.request_timeout)
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNAUTHENTICATED and member.metadata:

@@ -221,3 +221,26 @@ async def test_wait_for_change_from_compacted_history_returns_early(
         rpc.KVStub(channel).Compact(rpc.CompactionRequest(revision=now), timeout=10)
     with anyio.fail_after(30):
         assert await etcd_store.wait_for_change("p/", after=old) >= now
+
+
+async def test_an_uncontended_add_costs_one_read_and_one_transaction(etcd_store: EtcdStore) -> None:
+    """add is a read plus one compare-and-set transaction."""
+    await etcd_store.add("n", 1)
+    before = etcd_store.statistics().requests
+    assert await etcd_store.add("n", 1) == 2
+    assert etcd_store.statistics().requests - before == 2
+
+
+async def test_a_burst_of_adds_is_combined(etcd_store: EtcdStore) -> None:
+    """50 concurrent adds to one key take a few transactions, not one (or more) each."""
+    before = etcd_store.statistics().requests
+    totals: list[int] = []
+
+    async def add() -> None:
+        totals.append(await etcd_store.add("n", 2))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(50):
+            tg.start_soon(add)
+    assert sorted(totals) == list(range(2, 101, 2))
+    assert etcd_store.statistics().requests - before < 20
