@@ -21,6 +21,7 @@ changes from the rendezvous handler. Everything the agent starts lives in task g
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import os
@@ -28,7 +29,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -76,17 +77,29 @@ grandchild can hold a pipe open forever)."""
 _STORE_PREFIX = "aioelastic/agent/"
 
 
+@contextlib.contextmanager
+def unwrap_single_error() -> Iterator[None]:
+    """Re-raise a task group's lone exception as itself, so callers catch what was raised."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
 async def first_of(*waiters: Callable[[], Awaitable[T]]) -> T:
     """Run ``waiters`` concurrently; return the first result and cancel the others."""
     results: list[T] = []
-    async with anyio.create_task_group() as tg:
+    with unwrap_single_error():
+        async with anyio.create_task_group() as tg:
 
-        async def run(waiter: Callable[[], Awaitable[T]]) -> None:
-            results.append(await waiter())
-            tg.cancel_scope.cancel()
+            async def run(waiter: Callable[[], Awaitable[T]]) -> None:
+                results.append(await waiter())
+                tg.cancel_scope.cancel()
 
-        for waiter in waiters:
-            tg.start_soon(run, waiter)
+            for waiter in waiters:
+                tg.start_soon(run, waiter)
     return results[0]
 
 
@@ -249,7 +262,10 @@ class ElasticAgent:
         self._finished = anyio.Event()
         self._run_id = self.spec.rdzv_handler.get_run_id()
         result: RunResult | None = None
-        with tempfile.TemporaryDirectory(prefix="aioelastic-agent-") as private:
+        with (
+            tempfile.TemporaryDirectory(prefix="aioelastic-agent-") as private,
+            unwrap_single_error(),
+        ):
             self._private_dir = private
             async with anyio.create_task_group() as tg:
                 if self._shutdown_signals:
