@@ -337,7 +337,11 @@ class ElasticAgent:
     # -- the loop ---------------------------------------------------------------------------
 
     async def _supervise(self) -> RunResult:
-        from aioelastic.rendezvous._errors import RendezvousClosedError, RendezvousGracefulExitError
+        from aioelastic.rendezvous._errors import (
+            RendezvousClosedError,
+            RendezvousError,
+            RendezvousGracefulExitError,
+        )
 
         handler = self.spec.rdzv_handler
         while True:
@@ -366,12 +370,12 @@ class ElasticAgent:
                 self._restart_count += 1
                 self._emit(GroupRestarting(self._restart_count, self.spec.max_restarts))
                 continue
-            await handler.set_closed()
-            return self._result(
-                RunState.FAILED,
-                attempt,
-                reason=f"restarts exhausted ({self.spec.max_restarts} allowed)",
-            )
+            reason = f"restarts exhausted ({self.spec.max_restarts} allowed)"
+            try:
+                await handler.set_closed()
+            except RendezvousError as exc:
+                reason += f"; the other nodes were not told (closing failed: {exc})"
+            return self._result(RunState.FAILED, attempt, reason=reason)
 
     def _result(
         self, state: RunState, attempt: _Attempt | None = None, *, reason: str = ""
