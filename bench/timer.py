@@ -3,7 +3,8 @@
 * expiry latency: from a timer's deadline (wall clock) to its worker observed dead, with 1,
   100 and 10,000 active timers (p50 / p99 over ``--samples`` workers, one at a time);
 * throughput: requests/s from 1 and 8 client processes writing flat out (open, write, close
-  per request, as torch's client does), until the server has read them all;
+  per request, as torch's client does), until the server has read them all; with torch's
+  client against both servers, then end to end (each side's own client);
 * pipe full: how many BlockingIOError an unmodified torch client meets writing flat out
   (it would crash a real worker; the bench retries and counts);
 * idle CPU: server CPU time per second while 1,000 timers sit armed.
@@ -295,10 +296,13 @@ def main() -> None:
             r[f"pipe full, {processes} {writer} client(s)"] = full
         with hosted(kind) as host:
             r["idle CPU, 1000 timers"] = idle_cpu(host, 1000, args.idle) * 100
-    for processes in (1, 8):
+    for processes in (1, 8):  # end to end: each side's own client and server
         with hosted("ours") as host:
             rate, _ = throughput(host, "ours", processes, args.requests)
-        results["ours"][f"throughput, {processes} our client(s) [ours only]"] = rate
+        name = f"throughput, {processes} own client(s)"
+        results["ours"][name] = rate
+        if "torch" in results:
+            results["torch"][name] = results["torch"][f"throughput, {processes} torch client(s)"]
     units = {
         "expiry": ("ms", True),
         "throughput": ("req/s", False),

@@ -86,18 +86,38 @@ _FIELDS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
 )
 
 
+_JSON = json.JSONDecoder()
+
+
 def decode_line(line: bytes) -> TimerRequest | Rejection:
     """Decode one line (without its newline)."""
     if len(line) >= PIPE_BUF:
         return Rejection(RejectReason.TOO_LONG, f"line of {len(line) + 1} bytes: {_snippet(line)}")
     try:
-        text = line.decode("utf-8")
+        obj = _JSON.decode(line.decode("utf-8"))
     except UnicodeDecodeError as exc:
         return Rejection(RejectReason.NOT_UTF8, f"{exc.reason} at byte {exc.start}")
-    try:
-        obj = json.loads(text)
     except ValueError as exc:
         return Rejection(RejectReason.INVALID_JSON, f"{exc}: {_snippet(line)}")
+    if type(obj) is dict:
+        # Fast path for a well-formed line; anything else gets the detailed checks below.
+        pid, scope_id, signal = obj.get("pid"), obj.get("scope_id"), obj.get("signal")
+        expiration, version = obj.get("expiration_time"), obj.get("version")
+        if (
+            type(version) is int
+            and version == WIRE_VERSION
+            and type(pid) is int
+            and type(scope_id) is str
+            and type(signal) is int
+            and (type(expiration) is float or type(expiration) is int)
+            and math.isfinite(expiration)
+        ):
+            return TimerRequest(pid, scope_id, float(expiration), signal)
+    return _diagnose(obj, line)
+
+
+def _diagnose(obj: object, line: bytes) -> Rejection:
+    """Say what is wrong with a decoded line the fast path refused."""
     if not isinstance(obj, dict):
         return Rejection(RejectReason.NOT_AN_OBJECT, f"not a JSON object: {_snippet(line)}")
     pid = obj.get("pid")
@@ -111,10 +131,7 @@ def decode_line(line: bytes) -> TimerRequest | Rejection:
         value = obj[name]
         if not valid(value):
             return Rejection(RejectReason.WRONG_TYPE, f"{name!r} is {value!r}, not {kind}", pid)
-    expiration = obj["expiration_time"]
-    if not math.isfinite(expiration):
-        return Rejection(RejectReason.BAD_VALUE, f"expiration_time is {expiration!r}", pid)
-    return TimerRequest(obj["pid"], obj["scope_id"], float(expiration), obj["signal"])
+    return Rejection(RejectReason.BAD_VALUE, f"expiration_time is {obj['expiration_time']!r}", pid)
 
 
 class LineDecoder:
