@@ -110,6 +110,27 @@ class EtcdStoreStatistics:
     requests: int
 
 
+class _Session:
+    """The store's session lease and the marker slots attached to it.
+
+    A slot is used by one read-modify-write at a time; ``revisions`` holds the mod revision of
+    each slot's marker key (0 while it has none).
+    """
+
+    def __init__(self, lease: int) -> None:
+        self.lease = lease
+        self.revisions: dict[int, int] = {}
+        self._free: list[int] = []
+
+    def take_slot(self) -> int:
+        slot = self._free.pop() if self._free else len(self.revisions)
+        self.revisions.setdefault(slot, 0)
+        return slot
+
+    def give_back(self, slot: int) -> None:
+        self._free.append(slot)
+
+
 def _range_end(prefix: bytes) -> bytes:
     """The end of etcd's key range holding every key that starts with ``prefix``."""
     data = bytearray(prefix)
@@ -172,9 +193,8 @@ class EtcdStore(Store):
         )
         self._endpoint = f"etcd://{self._conn.endpoints}{self.prefix}"
         self._session_ttl = session_ttl
-        self._session: int | None = None
-        self._slots: dict[int, int] = {}  # marker slot -> mod revision of its key (0: none)
-        self._free_slots: list[int] = []
+        self._session: _Session | None = None
+        self._session_lock = anyio.Lock()
         self._tokens = itertools.count(1)
         self._ttl_leases: dict[bytes, tuple[int, int]] = {}  # key -> (lease id, seconds)
         self._adders: dict[bytes, AddCombiner] = {}
@@ -220,7 +240,7 @@ class EtcdStore(Store):
             task_status.started()
             while True:
                 await anyio.sleep(self._session_ttl / 3)
-                await self._renew_session()
+                await self._renew_session(self._session)
         finally:
             self._serving = False
             with anyio.CancelScope(shield=True):
@@ -274,7 +294,7 @@ class EtcdStore(Store):
         return EtcdStoreStatistics(
             endpoints=self._conn.endpoints,
             current_endpoint=self._conn.current_address,
-            session_lease=self._session,
+            session_lease=self._session.lease if self._session is not None else None,
             ttl_leases=len(self._ttl_leases),
             failovers=self._counts["failovers"],
             leases_lost=self._counts["leases_lost"],
@@ -324,50 +344,54 @@ class EtcdStore(Store):
 
         return await self._conn.call("renew lease", attempt)
 
-    async def _new_session(self) -> None:
-        self._session = await self._grant(self._session_ttl)
-        self._slots.clear()
-        self._free_slots.clear()
+    async def _new_session(self) -> _Session:
+        self._session = _Session(await self._grant(self._session_ttl))
+        return self._session
 
-    async def _renew_session(self) -> None:
-        """Renew the session lease; when it is gone, report it and start a new session."""
-        lease_id = self._session
-        try:
-            if lease_id is not None and await self._keepalive(lease_id) > 0:
+    async def _renew_session(self, seen: _Session | None) -> None:
+        """Renew the session lease ``seen``; when it is gone, report it and start a new one.
+
+        Does nothing if another task already replaced ``seen``.
+        """
+        async with self._session_lock:
+            if self._session is not seen:
                 return
-        except StoreError as error:
-            logger.warning("cannot renew the etcd session lease: %s", error)
-            return
-        self._session = None
-        if lease_id is not None:
-            self._emit(
-                EtcdLeaseLost(
-                    lease_id,
-                    None,
-                    "the session lease expired before it was renewed: "
-                    "writes that were in flight cannot be checked any more",
+            try:
+                if seen is not None and await self._keepalive(seen.lease) > 0:
+                    return
+            except StoreError as error:
+                logger.warning("cannot renew the etcd session lease: %s", error)
+                return
+            self._session = None
+            if seen is not None:
+                self._emit(
+                    EtcdLeaseLost(
+                        seen.lease,
+                        None,
+                        "the session lease expired before it was renewed: "
+                        "writes that were in flight cannot be checked any more",
+                    )
                 )
-            )
-        try:
-            await self._new_session()
-        except StoreError as error:
-            logger.warning("cannot start a new etcd session: %s", error)
+            try:
+                await self._new_session()
+            except StoreError as error:
+                logger.warning("cannot start a new etcd session: %s", error)
 
     async def _revoke_session(self) -> None:
-        lease_id, self._session = self._session, None
-        if lease_id is None:
+        session, self._session = self._session, None
+        if session is None:
             return
         member = self._conn.current
         try:
             await member.lease.LeaseRevoke(
-                rpc.LeaseRevokeRequest(ID=lease_id),
+                rpc.LeaseRevokeRequest(ID=session.lease),
                 timeout=self._conn.request_timeout,
                 metadata=member.metadata,
             )
         except Exception as error:
             if not is_rpc_error(error):
                 raise
-            logger.info("etcd session lease %x not revoked (%s); it expires", lease_id, error)
+            logger.info("etcd session lease %x not revoked (%s); it expires", session.lease, error)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -429,15 +453,15 @@ class EtcdStore(Store):
         while True:
             session = self._session
             if session is None:
-                await self._new_session()
+                async with self._session_lock:
+                    if self._session is None:
+                        await self._new_session()
                 continue
-            slot = self._free_slots.pop() if self._free_slots else len(self._slots)
-            self._slots.setdefault(slot, 0)
+            slot = session.take_slot()
             try:
                 outcome = await self._update_in_slot(what, key, change, kv, session, slot)
             finally:
-                if self._session == session:
-                    self._free_slots.append(slot)
+                session.give_back(slot)
             if outcome is not None:
                 return outcome
             _, (kv,) = await self._read([key])  # the session was replaced: start over
@@ -448,11 +472,11 @@ class EtcdStore(Store):
         key: bytes,
         change: Callable[[bytes | None], bytes | None],
         kv: Any,
-        session: int,
+        session: _Session,
         slot: int,
     ) -> tuple[bytes | None, bytes | None] | None:
         """:meth:`_update` with one marker slot; None when the session lease vanished."""
-        marker = self._ops + f"{session:x}/{slot}".encode()
+        marker = self._ops + f"{session.lease:x}/{slot}".encode()
         written: dict[bytes, bytes] = {}  # token -> the value that attempt writes
         while True:
             current = kv.value if kv is not None else None
@@ -461,33 +485,33 @@ class EtcdStore(Store):
                 return None, current
             token = str(next(self._tokens)).encode()
             written[token] = desired
-            request = _update_request(key, kv, desired, marker, self._slots[slot], token, session)
+            request = _update_request(key, kv, desired, marker, session, slot, token)
             try:
                 response = await self._conn.call(what, _txn_attempt(request), idempotent=False)
             except Exception as error:
                 if is_not_found(error):
                     # A lease is gone: the key's (it just expired) or the session's.
-                    await self._renew_session()
-                    if self._session != session:
+                    await self._renew_session(session)
+                    if self._session is not session:
                         return None
                     _, (kv,) = await self._read([key])
                     continue
                 if not is_retryable(error):
                     raise
                 self._conn.failover(self._conn.current, error)
-                applied = await self._check_marker(what, key, marker, slot, written, error)
+                applied = await self._check_marker(what, key, marker, session, slot, written, error)
                 if applied is not None:
                     return applied, applied
                 _, (kv,) = await self._read([key])
                 continue
             if response.succeeded:
-                self._slots[slot] = response.header.revision
+                session.revisions[slot] = response.header.revision
                 return desired, desired
             key_kvs = response.responses[0].response_range.kvs
             marker_kvs = response.responses[1].response_range.kvs
             if marker_kvs and marker_kvs[0].value in written:
                 # An attempt whose reply was lost has landed since.
-                self._slots[slot] = marker_kvs[0].mod_revision
+                session.revisions[slot] = marker_kvs[0].mod_revision
                 value = written[marker_kvs[0].value]
                 return value, value
             kv = key_kvs[0] if key_kvs else None
@@ -497,6 +521,7 @@ class EtcdStore(Store):
         what: str,
         key: bytes,
         marker: bytes,
+        session: _Session,
         slot: int,
         written: dict[bytes, bytes],
         error: BaseException,
@@ -506,12 +531,11 @@ class EtcdStore(Store):
         _, (found,) = await self._read([marker])
         if found is not None:
             if found.value in written:
-                self._slots[slot] = found.mod_revision
+                session.revisions[slot] = found.mod_revision
                 return bytes(written[found.value])
             return None
         # No marker is conclusive only while the session lease (which holds markers) lives.
-        session = self._session
-        if self._slots[slot] == 0 and session is not None and await self._keepalive(session) > 0:
+        if session.revisions[slot] == 0 and await self._keepalive(session.lease) > 0:
             return None
         # The session lease (and with it the marker) expired: the outcome cannot be known.
         raise StoreOutcomeUnknownError(
@@ -781,13 +805,7 @@ class EtcdStore(Store):
 
 
 def _update_request(
-    key: bytes,
-    kv: Any,
-    value: bytes,
-    marker: bytes,
-    marker_revision: int,
-    token: bytes,
-    session: int,
+    key: bytes, kv: Any, value: bytes, marker: bytes, session: _Session, slot: int, token: bytes
 ) -> Any:
     """The transaction of one read-modify-write attempt (see the module docstring)."""
 
@@ -805,9 +823,12 @@ def _update_request(
     return rpc.TxnRequest(
         compare=[
             compare_mod(key, kv.mod_revision if kv is not None else 0),
-            compare_mod(marker, marker_revision),
+            compare_mod(marker, session.revisions[slot]),
         ],
-        success=[put(key, value, kv.lease if kv is not None else 0), put(marker, token, session)],
+        success=[
+            put(key, value, kv.lease if kv is not None else 0),
+            put(marker, token, session.lease),
+        ],
         failure=[read(key), read(marker)],
     )
 

@@ -18,7 +18,12 @@ from typing import Any, TypeVar
 
 import anyio
 
-from aioelastic.store._errors import StoreConnectionError, StoreError, StoreRefusedError
+from aioelastic.store._errors import (
+    StoreClosedError,
+    StoreConnectionError,
+    StoreError,
+    StoreRefusedError,
+)
 
 _IMPORT_ERROR: ImportError | None = None
 try:
@@ -256,6 +261,8 @@ class EtcdConnection:
         deadline = anyio.current_time() + (self.retry_timeout if budget is None else budget)
         delay = _BACKOFF_FIRST
         while True:
+            if not self.members:
+                raise StoreClosedError(f"the etcd store etcd://{self.endpoints} was closed")
             member = self.current
             try:
                 await self.authenticate(member)
