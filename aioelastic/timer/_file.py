@@ -107,8 +107,7 @@ class FileTimerServer(TimerServerBase):
         self._fd: int | None = None
         self._inode = -1
         self._processes: dict[int, _Process] = {}
-        self._own_pid = os.getpid()
-        self._own_pgid = os.getpgrp()
+        self._own_pid = self._own_pgid = -1
 
     @property
     def file_path(self) -> str:
@@ -159,6 +158,7 @@ class FileTimerServer(TimerServerBase):
         return path
 
     def _open_source(self) -> None:
+        self._own_pid, self._own_pgid = os.getpid(), os.getpgrp()
         path = self._create_fifo()
         # Read-write: the server is a writer too, so readers never see EOF between clients.
         fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -208,3 +208,22 @@ async def test_expired_sync_block_is_reported_not_interrupted(
         clock.advance(6)
         await recorder.wait_count(TimerExpired, 1)
     assert recorder.of(TimerReaped) == []
+
+
+def test_local_client_needs_a_serving_server() -> None:
+    """Asking a LocalTimerServer for a client before it serves is a clear error."""
+    with pytest.raises(RuntimeError, match=r"client\(\) needs the server to be serving"):
+        LocalTimerServer("idle").client()
+
+
+async def test_local_server_counts_requests(recorder: Recorder, clock: ManualClock) -> None:
+    """statistics() counts acquires, releases, expiries and reaps of in-process timers."""
+    async with LocalTimerServer("stats", on_event=recorder, clock=clock) as server:
+        client = server.client()
+        async with timer.expires(after=60, scope="a", client=client):
+            pass
+        await client.acquire("b", 0.0)  # already past: expires at once, nothing to cancel
+        await recorder.wait_count(TimerExpired, 1)
+        stats = server.statistics()
+    assert (stats.acquires, stats.releases, stats.expired, stats.reaped) == (2, 1, 1, 0)
+    assert stats.active_timers == 0
