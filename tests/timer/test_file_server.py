@@ -625,3 +625,16 @@ async def test_last_progress_time_is_now_when_idle(
     assert server.get_last_progress_time() >= before
     async with server:
         assert server.get_last_progress_time() >= before
+
+
+async def test_reader_sleeps_after_writers_leave(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+) -> None:
+    """After short-lived writers leave, every server task blocks (no EOF spin; exact on trio)."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock):
+        for i in range(5):
+            arm(fifo, worker.pid, f"s{i}", time.time() + 60)  # open, write, close each time
+        await recorder.wait_count(TimerAcquired, 5)
+        with anyio.fail_after(30):
+            await anyio.wait_all_tasks_blocked()
