@@ -72,7 +72,7 @@ def host_ours(path: str) -> None:
 
 
 def host_torch(path: str) -> None:
-    from torch.distributed.elastic.timer import FileTimerServer
+    from torch.distributed.elastic.timer.file_based_local_timer import FileTimerServer
 
     logging.disable(logging.CRITICAL)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torch signals its own process after a reap

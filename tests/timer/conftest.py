@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
 
 from aioelastic.timer import TimerEvent, TimerRequest, encode_request
+
+E = TypeVar("E", bound=TimerEvent)
+Spawn = Callable[..., "subprocess.Popen[bytes]"]
 
 GENEROUS = 60.0
 """Bound (s) on waits for real processes; generous because the machine is shared and slow."""
@@ -30,7 +33,7 @@ class Recorder:
         for waiter in waiters:
             waiter.set()
 
-    def of(self, kind: type[TimerEvent]) -> list[TimerEvent]:
+    def of(self, kind: type[E]) -> list[E]:
         """The recorded events of one type, in order."""
         return [e for e in self.events if isinstance(e, kind)]
 
@@ -42,7 +45,7 @@ class Recorder:
                 self._waiters.append(waiter)
                 await waiter.wait()
 
-    async def wait_count(self, kind: type[TimerEvent], count: int) -> list[TimerEvent]:
+    async def wait_count(self, kind: type[E], count: int) -> list[E]:
         """Wait until ``count`` events of ``kind`` were recorded; return them."""
         await self.wait_for(lambda: len(self.of(kind)) >= count)
         return self.of(kind)
@@ -57,7 +60,7 @@ SLEEPER = "import sys; sys.stdin.read()"
 
 
 @pytest.fixture
-def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+def spawn() -> Iterator[Spawn]:
     """Start real Python processes (killed and reaped at teardown)."""
     procs: list[subprocess.Popen[bytes]] = []
 

@@ -42,7 +42,9 @@ async def client(recorder: Recorder, clock: ManualClock) -> AsyncIterator[LocalT
         yield server.client()
 
 
-def scopes(recorder: Recorder, kind: type) -> list[str]:
+def scopes(
+    recorder: Recorder, kind: type[TimerAcquired | TimerReleased | TimerReaped]
+) -> list[str]:
     return [e.scope_id for e in recorder.of(kind)]
 
 

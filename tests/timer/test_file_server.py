@@ -30,7 +30,7 @@ from aioelastic.timer import (
     WatchPolicy,
 )
 
-from .conftest import Recorder, arm, read_line, wait_exit, write_raw
+from .conftest import Recorder, Spawn, arm, read_line, wait_exit, write_raw
 
 pytestmark = pytest.mark.anyio
 
@@ -112,7 +112,7 @@ async def test_existing_regular_file_is_refused(fifo: str) -> None:
 
 
 async def test_stale_fifo_is_replaced(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
 ) -> None:
     """A FIFO left by a dead server is replaced and the new one serves."""
     os.mkfifo(fifo)
@@ -124,7 +124,7 @@ async def test_stale_fifo_is_replaced(
 
 
 async def test_serve_runs_in_the_callers_task_group(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
 ) -> None:
     """``await tg.start(server.serve)`` returns once the FIFO accepts requests."""
     worker = spawn()
@@ -138,7 +138,7 @@ async def test_serve_runs_in_the_callers_task_group(
 
 
 async def test_log_event_gets_torchs_event_names(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
 ) -> None:
     """log_event gets torch's names: watchdog started, timer expired, kill worker process..."""
     names: list[tuple[str, TimerRequest | None]] = []
@@ -168,7 +168,7 @@ async def test_log_event_gets_torchs_event_names(
 
 
 async def test_expired_worker_is_killed_with_sigkill(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
 ) -> None:
     """A real worker whose timer (from our client) expires dies by SIGKILL; the event names it."""
     async with server_for(fifo, recorder, clock):
@@ -186,7 +186,7 @@ async def test_expired_worker_is_killed_with_sigkill(
 
 
 async def test_valid_timers_are_left_alone(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """Only the worker whose timer expired is reaped; the other keeps its timer and lives."""
     doomed, fine = spawn(), spawn()
@@ -203,7 +203,7 @@ async def test_valid_timers_are_left_alone(
 
 
 async def test_reaping_drops_the_processes_other_timers(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """When a worker is reaped, its later timers go with it (they never expire)."""
     worker = spawn()
@@ -218,7 +218,7 @@ async def test_reaping_drops_the_processes_other_timers(
 
 
 async def test_signal_zero_reports_without_killing(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """A timer armed with signal 0 is reported when it expires and nobody is signalled."""
     worker = spawn()
@@ -233,7 +233,7 @@ async def test_signal_zero_reports_without_killing(
 
 
 async def test_timer_already_past_expires_at_once(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """An acquire whose expiration time has passed expires without time moving."""
     worker = spawn()
@@ -244,7 +244,7 @@ async def test_timer_already_past_expires_at_once(
 
 
 async def test_rearming_moves_the_deadline(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """Acquiring the same scope again replaces its deadline (earlier or later)."""
     worker = spawn()
@@ -261,7 +261,7 @@ async def test_rearming_moves_the_deadline(
 
 
 async def test_wall_clock_step_does_not_move_deadlines(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """After acquire, stepping the wall clock either way neither fires nor postpones the timer."""
     worker = spawn()
@@ -281,7 +281,7 @@ async def test_wall_clock_step_does_not_move_deadlines(
 
 
 async def test_exited_process_timers_are_dropped(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
 ) -> None:
     """A worker that exits holding timers has them dropped at once; nothing fires later."""
     async with server_for(fifo, recorder, clock) as server:
@@ -298,7 +298,7 @@ async def test_exited_process_timers_are_dropped(
 
 
 async def test_release_of_unknown_scope_is_a_no_op(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
 ) -> None:
     """Releasing a scope that was never armed changes nothing and raises nothing."""
     worker = spawn()
@@ -313,7 +313,7 @@ async def test_release_of_unknown_scope_is_a_no_op(
 
 
 async def test_ten_processes_ten_nested_timers_lose_nothing(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
 ) -> None:
     """10 processes each nesting 10 timers: all 100 acquires and 100 releases arrive."""
     code = """
@@ -338,7 +338,7 @@ with ExitStack() as stack:
 
 
 async def test_ten_thousand_timers_expire_in_deadline_order(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """10,000 concurrent timers all expire, each at its own deadline, earliest first."""
     worker = spawn()
@@ -377,7 +377,7 @@ sys.stdin.read()
 
 
 async def test_escalation_sends_sigterm_then_sigkill(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """With kill_grace, SIGTERM goes first; a worker still alive after the grace gets SIGKILL."""
     worker = spawn(IGNORES_SIGTERM)
@@ -395,7 +395,7 @@ async def test_escalation_sends_sigterm_then_sigkill(
 
 
 async def test_escalation_stops_when_sigterm_suffices(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """A worker that exits on SIGTERM is reported reaped by SIGTERM, without escalation."""
     worker = spawn()
@@ -409,7 +409,7 @@ async def test_escalation_stops_when_sigterm_suffices(
 
 
 async def test_before_reap_hook_runs_while_the_worker_is_alive(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """The hook gets the expiry and runs before the kill (for example to dump stacks)."""
     worker = spawn()
@@ -436,7 +436,7 @@ def test_negative_grace_is_refused(fifo: str) -> None:
 
 
 async def rejections(recorder: Recorder, count: int) -> list[RequestRejected]:
-    return await recorder.wait_count(RequestRejected, count)  # type: ignore[return-value]
+    return await recorder.wait_count(RequestRejected, count)
 
 
 @pytest.mark.parametrize("pid", [-5, 0, 1])
@@ -466,7 +466,7 @@ async def test_server_never_watches_itself_or_its_group_leader(
 
 
 async def test_vanished_pid_is_rejected(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """An acquire for a process that no longer exists is dropped as no such process."""
     gone = spawn()
@@ -479,7 +479,7 @@ async def test_vanished_pid_is_rejected(
 
 
 async def test_pid_policy_leaves_other_processes_alone(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """With WatchPolicy.pids, an unlisted process's timer is refused and it is never signalled."""
     listed, other = spawn(), spawn()
@@ -510,7 +510,7 @@ sys.stdin.read()
 
 
 async def test_descendants_policy_accepts_grandchildren_only(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """descendants_of(p) admits p's grandchild and refuses a process outside p's tree."""
     parent = spawn(SPAWNS_GRANDCHILD)
@@ -557,7 +557,7 @@ async def test_default_policy_refuses_other_users(
 
 
 async def test_bad_lines_cost_only_themselves(
-    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """Bad lines in one write are dropped and counted by reason; good lines around them apply."""
     from aioelastic.timer import encode_request
@@ -589,7 +589,7 @@ async def test_bad_lines_cost_only_themselves(
 
 
 async def test_failing_subscriber_does_not_stop_the_server(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
 ) -> None:
     """An exception in one event callback is logged; other subscribers still get events."""
     worker = spawn()
@@ -628,7 +628,7 @@ async def test_last_progress_time_is_now_when_idle(
 
 
 async def test_reader_sleeps_after_writers_leave(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
 ) -> None:
     """After short-lived writers leave, every server task blocks (no EOF spin; exact on trio)."""
     worker = spawn()

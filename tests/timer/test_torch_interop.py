@@ -26,7 +26,7 @@ from aioelastic.timer import (
     encode_request,
 )
 
-from .conftest import Recorder, read_line, wait_exit
+from .conftest import Recorder, Spawn, read_line, wait_exit
 
 torch_timer = pytest.importorskip(
     "torch.distributed.elastic.timer",
@@ -77,7 +77,7 @@ else:
 
 
 async def test_unmodified_torch_client_is_reaped_by_our_server(
-    tmp_path: Path, recorder: Recorder, spawn
+    tmp_path: Path, recorder: Recorder, spawn: Spawn
 ) -> None:
     """A torch worker whose expires() block hangs is SIGKILLed by our server, scope named."""
     fifo = str(tmp_path / "timer.fifo")
@@ -93,7 +93,7 @@ async def test_unmodified_torch_client_is_reaped_by_our_server(
 
 
 async def test_every_torch_request_reaches_our_server(
-    tmp_path: Path, recorder: Recorder, spawn
+    tmp_path: Path, recorder: Recorder, spawn: Spawn
 ) -> None:
     """Torch's nested acquires and releases all arrive and leave no timer behind."""
     fifo = str(tmp_path / "timer.fifo")
