@@ -15,6 +15,7 @@ from aioelastic.timer._codec import (
     encode_request,
 )
 from aioelastic.timer._errors import (
+    InvalidDurationError,
     NoTimerClientError,
     RequestTooLargeError,
     ScopeExpiredError,
@@ -44,6 +45,7 @@ __all__ = [
     "Expiry",
     "FileTimerClient",
     "FileTimerServer",
+    "InvalidDurationError",
     "LineDecoder",
     "LocalTimerClient",
     "LocalTimerServer",

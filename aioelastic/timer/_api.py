@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import math
 import sys
 import time
 import uuid
@@ -11,7 +12,7 @@ from types import TracebackType
 
 import anyio
 
-from aioelastic.timer._errors import NoTimerClientError, ScopeExpiredError
+from aioelastic.timer._errors import InvalidDurationError, NoTimerClientError, ScopeExpiredError
 
 
 class TimerClient(abc.ABC):
@@ -113,6 +114,8 @@ def expires(after: float, scope: str | None = None, client: TimerClient | None =
     nested, recursive and concurrent uses never share a timer. An exception in the block
     propagates and the timer is still released.
     """
+    if not math.isfinite(after) or after < 0:
+        raise InvalidDurationError("after", after)
     chosen = client if client is not None else _default_client
     if chosen is None:
         raise NoTimerClientError

@@ -44,6 +44,17 @@ class RequestTooLargeError(TimerError, ValueError):
         )
 
 
+class InvalidDurationError(TimerError, ValueError):
+    """A timer was asked to last a negative, infinite or NaN time."""
+
+    def __init__(self, name: str, value: float) -> None:
+        self.value = value
+        super().__init__(
+            f"{name} must be a finite number of seconds, got {value!r}; "
+            "pass how long the block may take"
+        )
+
+
 class TimerConfigError(TimerError, ValueError):
     """A server or client was configured with a value it cannot use."""
 

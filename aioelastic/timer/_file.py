@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import math
 import os
 import select
 import shutil
@@ -29,6 +30,7 @@ from aioelastic._clock import Clock
 from aioelastic.timer._api import TimerClient
 from aioelastic.timer._codec import PIPE_BUF, LineDecoder, Rejection, TimerRequest, encode_request
 from aioelastic.timer._errors import (
+    InvalidDurationError,
     RequestTooLargeError,
     TimerConfigError,
     TimerServerUnavailableError,
@@ -161,7 +163,7 @@ class FileTimerServer(TimerServerBase):
         self._own_pid, self._own_pgid = os.getpid(), os.getpgrp()
         path = self._create_fifo()
         # Read-write: the server is a writer too, so readers never see EOF between clients.
-        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
         with contextlib.suppress(OSError):
             fcntl.fcntl(fd, _F_SETPIPE_SZ, self._pipe_size)
         self._path, self._fd, self._inode = path, fd, os.fstat(fd).st_ino
@@ -353,6 +355,8 @@ class FileTimerClient(TimerClient):
         self._send_sync(self._encode(scope_id, -1, 0))
 
     def _encode(self, scope_id: str, expiration_time: float, signum: int) -> bytes:
+        if not math.isfinite(expiration_time):
+            raise InvalidDurationError("expiration_time", expiration_time)
         line = encode_request(TimerRequest(os.getpid(), scope_id, expiration_time, signum))
         if len(line) > PIPE_BUF:
             raise RequestTooLargeError(len(line), PIPE_BUF, scope_id)

@@ -44,6 +44,8 @@ EventCallback = Callable[[TimerEvent], None]
 
 PosArgs = TypeVarTuple("PosArgs")
 
+_LOGGED_REJECTIONS = 10
+
 
 def as_request(timer: Timer) -> TimerRequest:
     """The request that armed ``timer`` (what ``log_event`` receives)."""
@@ -228,13 +230,17 @@ class TimerServerBase(abc.ABC):
             self._sleep_scope.cancel()
 
     def _reject(self, rejection: Rejection) -> None:
-        self._rejected[rejection.reason] += 1
-        logger.warning(
-            "timer server %r dropped a request (%s): %s",
-            self.run_id,
-            rejection.reason.value,
-            rejection.detail,
-        )
+        count = self._rejected[rejection.reason] = self._rejected[rejection.reason] + 1
+        # Every rejection is counted and emitted; the log is thinned so a flood of bad lines
+        # cannot flood it too: the first few of each reason, then one in a thousand.
+        if count <= _LOGGED_REJECTIONS or count % 1000 == 0:
+            logger.warning(
+                "timer server %r dropped a request (%s, %d so far): %s",
+                self.run_id,
+                rejection.reason.value,
+                count,
+                rejection.detail,
+            )
         if self._subscribers:
             self._emit(RequestRejected(rejection.reason, rejection.detail, rejection.pid))
 

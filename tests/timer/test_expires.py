@@ -229,3 +229,12 @@ async def test_local_server_counts_requests(recorder: Recorder, clock: ManualClo
         stats = server.statistics()
     assert (stats.acquires, stats.releases, stats.expired, stats.reaped) == (2, 1, 1, 0)
     assert stats.active_timers == 0
+
+
+@pytest.mark.parametrize("after", [-1.0, float("nan"), float("inf")])
+def test_duration_must_be_finite_and_not_negative(
+    after: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """expires() refuses a negative, NaN or infinite duration, naming the value."""
+    with pytest.raises(timer.InvalidDurationError, match=f"after must be a finite .*got {after}"):
+        timer.expires(after=after, client=timer.FileTimerClient("/nonexistent"))

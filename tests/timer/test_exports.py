@@ -13,7 +13,7 @@ EXPECTED = {
     "ProcessExited", "RequestRejected", "RejectReason", "TimerServerStatistics",
     # errors
     "TimerError", "NoTimerClientError", "TimerServerUnavailableError", "RequestTooLargeError",
-    "TimerConfigError", "ScopeExpiredError",
+    "TimerConfigError", "ScopeExpiredError", "InvalidDurationError",
     # the pure cores
     "DeadlineHeap", "Timer", "LineDecoder", "Rejection", "encode_request", "decode_line",
     "PIPE_BUF",

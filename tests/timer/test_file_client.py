@@ -12,6 +12,7 @@ import pytest
 from aioelastic.timer import (
     PIPE_BUF,
     FileTimerClient,
+    InvalidDurationError,
     LineDecoder,
     RequestTooLargeError,
     TimerRequest,
@@ -133,3 +134,11 @@ async def test_largest_request_that_fits_is_sent(fifo: str, reader: int) -> None
     scope = "y" * (PIPE_BUF - overhead)
     await client.acquire(scope, 10.0)
     assert drain(reader) == [TimerRequest(os.getpid(), scope, 10.0, 9)]
+
+
+async def test_non_finite_expiration_is_refused(fifo: str, reader: int) -> None:
+    """An infinite or NaN expiration time raises before anything is written."""
+    client = FileTimerClient(fifo)
+    with pytest.raises(InvalidDurationError, match="expiration_time must be a finite"):
+        await client.acquire("s", float("inf"))
+    assert drain(reader) == []

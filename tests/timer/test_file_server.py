@@ -638,3 +638,16 @@ async def test_reader_sleeps_after_writers_leave(
         await recorder.wait_count(TimerAcquired, 5)
         with anyio.fail_after(30):
             await anyio.wait_all_tasks_blocked()
+
+
+async def test_a_flood_of_bad_lines_is_counted_but_thinly_logged(
+    fifo: str, recorder: Recorder, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every bad line is counted and emitted; only the first ten per reason are logged."""
+    async with server_for(fifo, recorder, clock) as server:
+        write_raw(fifo, b"{broken\n" * 25)
+        await recorder.wait_count(RequestRejected, 25)
+        stats = server.statistics()
+    logged = [r for r in caplog.records if "dropped a request (invalid_json" in r.getMessage()]
+    assert stats.rejected == {RejectReason.INVALID_JSON: 25}
+    assert len(logged) == 10
