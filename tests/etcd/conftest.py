@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
 
-try:
-    import uvloop
-except ImportError:  # pragma: no cover - uvloop is in the test extra
-    uvloop = None
-
 _BACKENDS = [pytest.param(("asyncio", {}), id="asyncio")]
-if uvloop is not None:
+if importlib.util.find_spec("uvloop") is not None:
     _BACKENDS.append(pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"))
 
 
