@@ -59,11 +59,11 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._logs import console_writer, line_prefix, open_stream, plan_streams
 from aioelastic.agent._process import WorkerProcess
-from aioelastic.agent._report import WorkerFailure, read_error_file
+from aioelastic.agent._report import WorkerFailure, read_error_file, signal_name
 from aioelastic.agent._spec import WorkerSpec
 
 if TYPE_CHECKING:
-    from aioelastic.rendezvous._info import RendezvousInfo
+    from aioelastic.rendezvous import RendezvousInfo
     from aioelastic.timer import TimerEvent
 
 T = TypeVar("T")
@@ -276,12 +276,13 @@ class ElasticAgent:
                     if self._stop_signal is None:
                         result = await self._supervise()
                 tg.cancel_scope.cancel()
-        if result is None:
+        if result is None:  # only request_stop() cancels the main scope
+            signum = self._stop_signal or signal.SIGTERM
             result = RunResult(
                 RunState.STOPPED,
                 restart_count=self._restart_count,
-                signal=self._stop_signal,
-                reason=f"stopped by {_signal_name(self._stop_signal)}",
+                signal=signum,
+                reason=f"stopped by {signal_name(signum)}",
             )
         self._state = result.state.value
         self._final = result
@@ -337,7 +338,7 @@ class ElasticAgent:
     # -- the loop ---------------------------------------------------------------------------
 
     async def _supervise(self) -> RunResult:
-        from aioelastic.rendezvous._errors import (
+        from aioelastic.rendezvous import (
             RendezvousClosedError,
             RendezvousError,
             RendezvousGracefulExitError,
@@ -563,7 +564,7 @@ class ElasticAgent:
         raise AssertionError("the notice stream closed while workers were running")
 
     async def _wait_round_invalidated(self) -> tuple[_Outcome, str]:
-        from aioelastic.rendezvous._info import InvalidationReason
+        from aioelastic.rendezvous import InvalidationReason
 
         event = await self.spec.rdzv_handler.wait_round_invalidated()
         if event.reason is InvalidationReason.CLOSED:
@@ -600,7 +601,7 @@ class ElasticAgent:
             await all_exited()
             reason = attempt.detail or "cancelled"
             if self._stop_signal is not None:
-                reason = f"shutdown ({_signal_name(self._stop_signal)})"
+                reason = f"shutdown ({signal_name(self._stop_signal)})"
             self._emit(WorkersStopped(reason, signum, len(stubborn)))
         for failure in self._failures(attempt):
             self._worker_failures += 1
@@ -636,12 +637,3 @@ class ElasticAgent:
     def _emit(self, event: AgentEvent) -> None:
         for callback in list(self._subscribers):
             callback(event)
-
-
-def _signal_name(signum: int | None) -> str:
-    if signum is None:
-        return "cancellation"
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"

@@ -385,6 +385,7 @@ class ConsoleReporter:
 def describe(event: AgentEvent) -> str | None:
     """A one-line human description of an agent event (None: not worth a line)."""
     from aioelastic.agent import _events as ev
+    from aioelastic.agent._report import signal_name
 
     match event:
         case ev.RendezvousCompleted():
@@ -398,7 +399,7 @@ def describe(event: AgentEvent) -> str | None:
         case ev.WorkerReaped():
             return (
                 f"watchdog: timer {event.scope_id!r} of rank {event.rank} (pid {event.pid}) "
-                f"expired, sent {signal.Signals(event.signal).name}"
+                f"expired, sent {signal_name(event.signal)}"
             )
         case ev.WorkerFailed():
             return f"rank {event.failure.rank} failed: {event.failure.cause}"
@@ -410,7 +411,7 @@ def describe(event: AgentEvent) -> str | None:
         case ev.MembershipChanged():
             return f"membership changed ({event.reason.lower()}): re-rendezvous"
         case ev.ShutdownRequested():
-            return f"received {signal.Signals(event.signal).name}: stopping the workers"
+            return f"received {signal_name(event.signal)}: stopping the workers"
         case ev.RunFinished():
             result = event.result
             extra = f": {result.reason}" if result.reason else ""

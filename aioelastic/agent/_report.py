@@ -16,6 +16,14 @@ from datetime import datetime
 from pathlib import Path
 
 
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15; ``signal 64`` for a number without a name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerFailure:
     """One worker that failed: where it ran, how it ended, and what it reported."""
@@ -35,12 +43,7 @@ class WorkerFailure:
     @property
     def signal_name(self) -> str | None:
         """The name of the signal that ended the worker, if one did."""
-        if self.returncode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.returncode).name
-        except ValueError:
-            return f"signal {-self.returncode}"
+        return None if self.returncode >= 0 else signal_name(-self.returncode)
 
     @property
     def cause(self) -> str:
