@@ -1,0 +1,65 @@
+"""The handler contract every rendezvous backend implements."""
+
+from __future__ import annotations
+
+import abc
+from types import TracebackType
+from typing import Self
+
+from aioelastic.rendezvous._info import RendezvousInfo, RoundInvalidated
+
+
+class RendezvousHandler(abc.ABC):
+    """One node's view of a job's rendezvous; use it as ``async with handler:``.
+
+    Entering connects (and starts background work such as keep-alives); leaving calls
+    :meth:`shutdown`, which leaves the rendezvous without closing it for the other nodes.
+    """
+
+    @property
+    def use_agent_store(self) -> bool:
+        """Whether workers should reuse the agent's store: never (they speak torch's protocol)."""
+        return False
+
+    @abc.abstractmethod
+    def get_backend(self) -> str:
+        """The name of the backend this handler implements (``c10d``, ``static``, ...)."""
+
+    @abc.abstractmethod
+    def get_run_id(self) -> str:
+        """The run id of the job."""
+
+    @abc.abstractmethod
+    async def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round and return this node's place in it, once it completes."""
+
+    @abc.abstractmethod
+    async def is_closed(self) -> bool:
+        """Whether the rendezvous was closed (the job is over)."""
+
+    @abc.abstractmethod
+    async def set_closed(self) -> None:
+        """Close the rendezvous for every node: waiting and later joins fail as closed."""
+
+    @abc.abstractmethod
+    async def num_nodes_waiting(self) -> int:
+        """How many nodes wait to join the next round (a positive value asks for a re-round)."""
+
+    @abc.abstractmethod
+    async def wait_round_invalidated(self) -> RoundInvalidated:
+        """Return as soon as the round this handler last completed is no longer valid."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> bool:
+        """Leave the rendezvous without closing it for others; return whether it went cleanly."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
