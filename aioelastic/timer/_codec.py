@@ -37,6 +37,15 @@ class TimerRequest:
     def is_release(self) -> bool:
         return self.expiration_time < 0
 
+    @property
+    def worker_pid(self) -> int:
+        """PyTorch's name for ``pid`` (for ``log_event`` callbacks written for torch)."""
+        return self.pid
+
+    def to_json(self) -> str:
+        """The version-1 JSON object, as PyTorch's ``FileTimerRequest.to_json()`` gives it."""
+        return encode_request(self)[:-1].decode()
+
 
 @dataclass(frozen=True, slots=True)
 class Rejection:

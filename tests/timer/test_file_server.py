@@ -161,7 +161,7 @@ async def test_log_event_gets_torchs_event_names(
         "watchdog stopped",
     ]
     assert names[1][1] is not None
-    assert names[1][1].scope_id == "s"
+    assert (names[1][1].scope_id, names[1][1].worker_pid) == ("s", worker.pid)
 
 
 # -- expiry and reaping ----------------------------------------------------------------------

@@ -58,6 +58,7 @@ def test_encoding_matches_torch(request: TimerRequest) -> None:
         request.pid, request.scope_id, request.expiration_time, request.signal
     ).to_json()
     assert encode_request(request) == theirs.encode() + b"\n"
+    assert request.to_json() == theirs
 
 
 TORCH_WORKER = """
