@@ -193,7 +193,13 @@ class TCPStore(Store):
                     return await self._connect_once()
             except StoreRefusedError:
                 raise
-            except (OSError, TimeoutError, anyio.EndOfStream, StoreProtocolError) as error:
+            except (
+                OSError,
+                TimeoutError,
+                anyio.EndOfStream,
+                anyio.BrokenResourceError,
+                StoreProtocolError,
+            ) as error:
                 reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
             pause = delay * random.uniform(0.5, 1.0)
             if anyio.current_time() + pause >= deadline:
@@ -242,13 +248,14 @@ class TCPStore(Store):
                 self._fail_all(error)
                 continue
             if connection.epoch != epoch:
-                self._fail_all(
-                    StoreConnectionError(
-                        self.endpoint,
-                        "the server restarted and lost its keys while this call was waiting; "
-                        "re-read what you need and write it again",
-                    )
+                lost = StoreConnectionError(
+                    self.endpoint,
+                    "the server restarted and lost its keys while this call was waiting; "
+                    "re-read what you need and write it again",
                 )
+                for call in list(self._calls.values()):
+                    if call.sent_on is not None and not call.event.is_set():
+                        call.finish(error=lost)
             log.info("store %s: reconnected", self.endpoint)
             return connection
 
