@@ -181,7 +181,8 @@ class FileTimerServer(TimerServerBase):
             anyio.notify_closing(fd)
             os.close(fd)
         path = self._path
-        with contextlib.suppress(FileNotFoundError, TypeError):
+        # Only our own FIFO: a newer server may have replaced it at the same path.
+        with contextlib.suppress(FileNotFoundError):
             if path is not None and os.lstat(path).st_ino == self._inode:
                 os.unlink(path)
         if self._private_dir is not None:

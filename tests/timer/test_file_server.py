@@ -651,3 +651,31 @@ async def test_a_flood_of_bad_lines_is_counted_but_thinly_logged(
     logged = [r for r in caplog.records if "dropped a request (invalid_json" in r.getMessage()]
     assert stats.rejected == {RejectReason.INVALID_JSON: 25}
     assert len(logged) == 10
+
+
+async def test_new_server_keeps_its_fifo_when_the_replaced_one_stops(
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
+) -> None:
+    """A server that took over a path keeps serving after the old server there shuts down."""
+    worker = spawn()
+    old_stopped = anyio.Event()
+
+    def old_log(name: str, request: TimerRequest | None) -> None:
+        if name == "watchdog stopped":
+            old_stopped.set()
+
+    old = FileTimerServer(fifo, "old", log_event=old_log, clock=clock)
+    async with anyio.create_task_group() as group:
+        old_scope = anyio.CancelScope()
+
+        async def run_old(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            with old_scope:
+                await old.serve(task_status=task_status)
+
+        await group.start(run_old)
+        async with server_for(fifo, recorder, clock):
+            old_scope.cancel()
+            await old_stopped.wait()
+            assert exists(fifo)
+            arm(fifo, worker.pid, "s", time.time() + 60)
+            await recorder.wait_count(TimerAcquired, 1)
