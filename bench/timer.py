@@ -23,6 +23,7 @@ import importlib.util
 import json
 import logging
 import os
+import random
 import select
 import signal
 import statistics
@@ -35,7 +36,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 TORCH_INTERVAL = 0.1
-ARM_AHEAD = 0.05  # seconds between arming a worker's timer and its deadline
+# Seconds between arming a worker's timer and its deadline: random, so deadlines fall at any
+# phase of torch's polling loop rather than always just after a request woke it.
+ARM_AHEAD = (0.05, 0.35)
 
 
 def line(pid: int, scope: str, expiration: float, signum: int) -> bytes:
@@ -162,7 +165,7 @@ def expiry_latencies(host: Host, active: int, samples: int) -> list[float]:
         for _ in range(samples):
             worker = subprocess.Popen(["sleep", "3600"])
             pidfd = os.pidfd_open(worker.pid)
-            deadline = time.time() + ARM_AHEAD
+            deadline = time.time() + random.uniform(*ARM_AHEAD)
             send(host.path, line(worker.pid, "step", deadline, signal.SIGTERM))
             select.select([pidfd], [], [], 60)
             latencies.append(time.time() - deadline)
@@ -275,7 +278,7 @@ def row(name: str, ours: float, torch: float | None, unit: str, lower_is_better:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=40, help="workers reaped per latency row")
+    parser.add_argument("--samples", type=int, default=30, help="workers reaped per latency row")
     parser.add_argument("--requests", type=int, default=4000, help="requests per client")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU sampling")
     args = parser.parse_args()
