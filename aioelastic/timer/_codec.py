@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal as _signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,9 @@ PIPE_BUF = 4096
 """Largest write the kernel keeps atomic on a pipe (Linux); lines are capped at this size."""
 
 WIRE_VERSION = 1
+
+_NSIG = _signal.NSIG
+"""Signal numbers run below this; a larger ``signal`` is no signal and cannot be armed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,8 @@ def decode_line(line: bytes) -> TimerRequest | Rejection:
         return Rejection(RejectReason.NOT_UTF8, f"{exc.reason} at byte {exc.start}")
     except ValueError as exc:
         return Rejection(RejectReason.INVALID_JSON, f"{exc}: {_snippet(line)}")
+    except RecursionError:
+        return Rejection(RejectReason.INVALID_JSON, f"nested too deeply: {_snippet(line)}")
     if type(obj) is dict:
         # Fast path for a well-formed line; anything else gets the detailed checks below.
         pid, scope_id, signal = obj.get("pid"), obj.get("scope_id"), obj.get("signal")
@@ -118,6 +124,7 @@ def decode_line(line: bytes) -> TimerRequest | Rejection:
             and type(pid) is int
             and type(scope_id) is str
             and type(signal) is int
+            and signal < _NSIG
             and (type(expiration) is float or type(expiration) is int)
             and math.isfinite(expiration)
         ):
@@ -140,6 +147,10 @@ def _diagnose(obj: object, line: bytes) -> Rejection:
         value = obj[name]
         if not valid(value):
             return Rejection(RejectReason.WRONG_TYPE, f"{name!r} is {value!r}, not {kind}", pid)
+    if obj["signal"] >= _NSIG:
+        return Rejection(
+            RejectReason.BAD_VALUE, f"signal {obj['signal']} is not below {_NSIG}", pid
+        )
     return Rejection(RejectReason.BAD_VALUE, f"expiration_time is {obj['expiration_time']!r}", pid)
 
 

@@ -155,7 +155,13 @@ class FileTimerServer(TimerServerBase):
                     )
                 logger.warning("replacing the existing FIFO %r (left by an earlier server?)", path)
                 os.unlink(path)
-        os.mkfifo(path, 0o600)
+        try:
+            os.mkfifo(path, 0o600)
+        except OSError as exc:
+            raise TimerConfigError(
+                f"cannot create the FIFO {path!r}: {exc.strerror}; pass a file_path in an "
+                "existing directory you can write to (or None for a private one)"
+            ) from exc
         os.chmod(path, 0o600)
         return path
 
@@ -217,7 +223,8 @@ class FileTimerServer(TimerServerBase):
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             return Rejection(RejectReason.NO_SUCH_PROCESS, f"pid {pid} does not exist", pid)
-        except OSError as exc:
+        except (OSError, OverflowError) as exc:
+            # OverflowError: a pid wider than the kernel's pid_t names no process.
             return Rejection(RejectReason.NO_SUCH_PROCESS, f"pid {pid}: {exc}", pid)
         reason = self._watch.check(pid)
         # Checked after the pidfd was opened: if that process is still alive, the answer was

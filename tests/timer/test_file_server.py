@@ -679,3 +679,11 @@ async def test_new_server_keeps_its_fifo_when_the_replaced_one_stops(
             assert exists(fifo)
             arm(fifo, worker.pid, "s", time.time() + 60)
             await recorder.wait_count(TimerAcquired, 1)
+
+
+async def test_fifo_in_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
+    """A path whose directory does not exist raises a config error naming it."""
+    path = str(tmp_path / "missing" / "timer.fifo")
+    with pytest.raises(TimerConfigError, match=r"cannot create the FIFO .*No such file"):
+        async with FileTimerServer(path, "test"):
+            pass
