@@ -687,3 +687,17 @@ async def test_fifo_in_a_missing_directory_is_a_clear_error(tmp_path: Path) -> N
     with pytest.raises(TimerConfigError, match=r"cannot create the FIFO .*No such file"):
         async with FileTimerServer(path, "test"):
             pass
+
+
+async def test_far_future_deadline_does_not_stall_the_server(
+    fifo: str, recorder: Recorder, spawn: Spawn
+) -> None:
+    """Sleeping toward a deadline 1e300 s away (real loop clock) still wakes for an earlier one."""
+    worker = spawn()
+    async with FileTimerServer(fifo, "test", on_event=recorder):
+        arm(fifo, worker.pid, "far", 1e300, signal=0)
+        await recorder.wait_count(TimerAcquired, 1)
+        await anyio.wait_all_tasks_blocked()
+        arm(fifo, worker.pid, "due", time.time() - 1, signal=0)
+        [expired] = await recorder.wait_count(TimerExpired, 1)
+    assert expired.scope_id == "due"
