@@ -271,16 +271,22 @@ class FileTimerServer(TimerServerBase):
         if process is None:
             return
         if self._before_reap is not None:
-            with anyio.move_on_after(self._hook_timeout):
+            hook = self._before_reap
+
+            async def run_hook() -> None:
                 try:
-                    await self._before_reap(expired)
+                    await hook(expired)
                 except Exception:
                     logger.exception("before_reap hook failed for pid %d", timer.pid)
+
+            if not await self._finishes_by(run_hook, self._clock.now() + self._hook_timeout):
+                logger.warning("before_reap hook for pid %d timed out", timer.pid)
         escalated = False
         if self._kill_grace is not None and timer.signal != _signal.SIGTERM:
             if not self._send(process, _signal.SIGTERM):
                 return
-            if await self._exits_by(process, self._clock.now() + self._kill_grace):
+            deadline = self._clock.now() + self._kill_grace
+            if await self._finishes_by(process.exited.wait, deadline):
                 self._reaped_event(timer, _signal.SIGTERM, escalated=False)
                 return
             escalated = True
@@ -311,8 +317,9 @@ class FileTimerServer(TimerServerBase):
         )
         self._log("kill worker process", as_request(timer))
 
-    async def _exits_by(self, process: _Process, deadline: float) -> bool:
-        """Wait until ``process`` exits or ``deadline`` passes; true if it exited."""
+    async def _finishes_by(self, wait: Callable[[], Awaitable[None]], deadline: float) -> bool:
+        """Run ``wait()`` until it returns or ``deadline`` passes on the server's clock."""
+        finished = False
         async with anyio.create_task_group() as group:
 
             async def stop_at_deadline() -> None:
@@ -320,9 +327,10 @@ class FileTimerServer(TimerServerBase):
                 group.cancel_scope.cancel()
 
             group.start_soon(stop_at_deadline)
-            await process.exited.wait()
+            await wait()
+            finished = True
             group.cancel_scope.cancel()
-        return process.exited.is_set()
+        return finished
 
 
 class FileTimerClient(TimerClient):

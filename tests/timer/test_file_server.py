@@ -426,6 +426,28 @@ async def test_before_reap_hook_runs_while_the_worker_is_alive(
     assert seen == [("dump-me", True)]
 
 
+async def test_hung_before_reap_hook_cannot_save_the_worker(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
+) -> None:
+    """A hook that never returns is abandoned after hook_timeout and the worker is reaped."""
+    worker = spawn()
+    hook_started = anyio.Event()
+
+    async def hook(expired: TimerExpired) -> None:
+        hook_started.set()
+        await anyio.sleep_forever()
+
+    async with server_for(fifo, recorder, clock, wall_clock=wall, before_reap=hook, hook_timeout=3):
+        arm(fifo, worker.pid, "s", wall() + 1)
+        await recorder.wait_count(TimerAcquired, 1)
+        clock.advance(2)
+        await hook_started.wait()
+        assert worker.poll() is None
+        clock.advance(3)
+        await recorder.wait_count(TimerReaped, 1)
+        assert await wait_exit(worker) == -signal.SIGKILL
+
+
 def test_negative_grace_is_refused(fifo: str) -> None:
     """A negative kill_grace is a configuration error naming the value."""
     with pytest.raises(TimerConfigError, match="kill_grace must be >= 0 seconds, got -1"):
