@@ -193,7 +193,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     flag(
         "--standalone",
-        help="single-node job with a private local rendezvous; ignores the --rdzv-* flags",
+        help="single-node job with a private in-process rendezvous; ignores the --rdzv-* flags",
     )
     option(
         "--max-restarts",
@@ -314,8 +314,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     min_nodes, max_nodes = args.nnodes
     backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
     conf = dict(args.rdzv_conf)
-    if args.standalone:
-        backend, endpoint, run_id = "c10d", "127.0.0.1:0", str(uuid.uuid4())
+    if args.standalone:  # one node: an in-process rendezvous needs no server (torchrun: c10d)
+        run_id = str(uuid.uuid4())
+        backend, endpoint = "memory", f"standalone-{run_id}"
         min_nodes = max_nodes = 1
     if backend == "static":
         conf.setdefault("rank", str(args.node_rank))

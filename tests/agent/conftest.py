@@ -23,13 +23,22 @@ class Console:
 
     def __init__(self) -> None:
         self.data = b""
+        self.closed = False
         self._changed = anyio.Event()
 
     def write(self, data: bytes) -> int:
         self.data += data
+        self._notify()
+        return len(data)
+
+    def close(self) -> None:
+        """The writer is gone: waiting for more text fails instead of hanging."""
+        self.closed = True
+        self._notify()
+
+    def _notify(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
-        return len(data)
 
     def flush(self) -> None:
         pass
@@ -41,6 +50,8 @@ class Console:
     async def wait_for(self, text: str, count: int = 1) -> None:
         """Return once ``text`` appeared ``count`` times."""
         while self.text.count(text) < count:
+            if self.closed:
+                raise AssertionError(f"{text!r} never came; the stream ended with {self.text!r}")
             await self._changed.wait()
 
 
@@ -93,6 +104,7 @@ async def _copy(stream: anyio.abc.ByteReceiveStream | None, console: Console) ->
     assert stream is not None
     async for chunk in stream:
         console.write(chunk)
+    console.close()
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,210 @@
+"""ElasticAgent with real worker processes on one node (in-process rendezvous)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelastic.agent import (
+    AgentEvent,
+    ElasticAgent,
+    GroupRestarting,
+    LogSpec,
+    RunState,
+    Std,
+    WorkerFailed,
+    WorkerReaped,
+    WorkerSpec,
+    WorkersStopped,
+)
+from aioelastic.rendezvous import RendezvousHandler, RendezvousParameters, get_rendezvous_handler
+from aioelastic.store import MemoryStore
+from tests.agent.conftest import BOUND, Console, pids_in, python_worker, wait_gone
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio")])
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """Agent tests start real processes: one loop keeps them fast (the CLI tests cover uvloop)."""
+    return request.param
+
+
+@pytest.fixture
+async def handler() -> AsyncIterator[RendezvousHandler]:
+    """A single-node in-process rendezvous (the memory backend, its own store)."""
+    params = RendezvousParameters(
+        "memory", "agent-tests", "job", min_nodes=1, max_nodes=1, store=MemoryStore()
+    )
+    async with get_rendezvous_handler(params) as handler:
+        yield handler
+
+
+def spec_for(handler: Any, *args: str, **options: Any) -> WorkerSpec:
+    entrypoint, worker_args = python_worker(*args)
+    options.setdefault("local_world_size", 2)
+    return WorkerSpec(entrypoint, handler, args=worker_args, **options)
+
+
+def records(out: Path) -> list[dict[str, str]]:
+    """The environments the workers recorded, ordered by attempt then rank."""
+    found = [json.loads(p.read_text()) for p in out.iterdir()]
+    return sorted(found, key=lambda e: (int(e["TORCHELASTIC_RESTART_COUNT"]), int(e["RANK"])))
+
+
+async def run_agent(spec: WorkerSpec, **options: Any) -> tuple[Any, list[AgentEvent]]:
+    events: list[AgentEvent] = []
+    options.setdefault("stdout", Console())
+    options.setdefault("stderr", Console())
+    agent = ElasticAgent(spec, on_event=events.append, **options)
+    with anyio.fail_after(BOUND):
+        result = await agent.run()
+    return result, events
+
+
+async def test_workers_get_torch_environment(handler: Any, tmp_path: Path) -> None:
+    """Each worker sees torch's variables with its own ranks and the watchdog's FIFO."""
+    result, _ = await run_agent(spec_for(handler, "--out", str(tmp_path), max_restarts=0))
+    envs = records(tmp_path)
+    assert result.state is RunState.SUCCEEDED
+    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "2"),
+        ("1", "1", "2"),
+    ]
+    for env in envs:
+        assert env["LOCAL_WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == "0"
+        assert env["GROUP_WORLD_SIZE"] == "1"
+        assert env["ROLE_NAME"] == "default"
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert env["TORCHELASTIC_MAX_RESTARTS"] == "0"
+        assert env["TORCHELASTIC_RUN_ID"] == handler.get_run_id()
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert env["OMP_NUM_THREADS"] == "1"
+        assert env["MASTER_ADDR"]
+        assert int(env["MASTER_PORT"]) > 0
+        assert env["TORCHELASTIC_ERROR_FILE"].endswith(f"-{env['LOCAL_RANK']}.json")
+        assert Path(env["TORCHELASTIC_TIMER_FILE"]).name == "watchdog"
+
+
+async def test_watchdog_can_be_turned_off_by_environment(
+    handler: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TORCHELASTIC_ENABLE_FILE_TIMER=0 runs without a watchdog, so no timer file is given."""
+    monkeypatch.setenv("TORCHELASTIC_ENABLE_FILE_TIMER", "0")
+    await run_agent(spec_for(handler, "--out", str(tmp_path), local_world_size=1))
+    assert "TORCHELASTIC_TIMER_FILE" not in records(tmp_path)[0]
+
+
+async def test_failed_worker_restarts_the_group(handler: Any, tmp_path: Path) -> None:
+    """A worker exiting 1 on the first attempt costs one restart; RESTART_COUNT becomes 1."""
+    spec = spec_for(handler, "--out", str(tmp_path), "--fail-rank", "1", max_restarts=3)
+    result, events = await run_agent(spec)
+    second = [e for e in records(tmp_path) if e["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    assert (result.state, result.restart_count, result.returncodes) == (
+        RunState.SUCCEEDED,
+        1,
+        {0: 0, 1: 0},
+    )
+    assert [e["RANK"] for e in second] == ["0", "1"]
+    assert [e for e in events if isinstance(e, GroupRestarting)] == [GroupRestarting(1, 3)]
+    failed = [e.failure for e in events if isinstance(e, WorkerFailed)]
+    assert [(f.rank, f.returncode, f.message) for f in failed] == [
+        (1, 1, "RuntimeError: rank 1 fails on attempt 0")
+    ]
+
+
+async def test_restarts_exhausted_fails_and_closes_the_rendezvous(handler: Any) -> None:
+    """When restarts run out the run fails with the worker's error and the job is closed."""
+    spec = spec_for(handler, "--fail-rank", "0", "--fail-attempts", "9", max_restarts=1)
+    result, _ = await run_agent(spec)
+    failure = result.first_failure
+    assert (result.state, result.exit_status, result.restart_count) == (RunState.FAILED, 1, 1)
+    assert failure is not None
+    assert (failure.rank, failure.returncode) == (0, 1)
+    assert failure.message == "RuntimeError: rank 0 fails on attempt 1"
+    assert failure.traceback is not None
+    assert 'raise RuntimeError(f"rank {rank} fails' in failure.traceback
+    assert result.reason == "restarts exhausted (1 allowed)"
+    assert await handler.is_closed()
+
+
+async def test_hung_worker_is_reaped_and_the_group_restarts(handler: Any) -> None:
+    """A worker stuck past its timer is killed by the watchdog; the restarted group finishes."""
+    spec = spec_for(handler, "--hang-rank", "1", "--budget", "0.3", max_restarts=1)
+    result, events = await run_agent(spec)
+    reaped = [e for e in events if isinstance(e, WorkerReaped)]
+    failed = [e.failure for e in events if isinstance(e, WorkerFailed)]
+    assert (result.state, result.restart_count) == (RunState.SUCCEEDED, 1)
+    assert [(e.rank, e.scope_id, e.signal) for e in reaped] == [(1, "hung-step", signal.SIGKILL)]
+    assert [(f.rank, f.reaped_scope, f.signal_name) for f in failed] == [
+        (1, "hung-step", "SIGKILL")
+    ]
+
+
+async def test_output_is_prefixed_with_the_rank(handler: Any) -> None:
+    """Every worker line reaches the console prefixed with the worker's global rank."""
+    out = Console()
+    await run_agent(spec_for(handler, max_restarts=0), stdout=out)
+    assert "[0]: done rank=0 attempt=0 nodes=1\n" in out.text
+    assert "[1]: done rank=1 attempt=0 nodes=1\n" in out.text
+
+
+async def test_redirects_send_output_to_files(handler: Any, tmp_path: Path) -> None:
+    """With redirects, stdout goes to <log_dir>/<run>/attempt_0/<rank>/stdout.log only."""
+    out = Console()
+    logs = LogSpec(log_dir=str(tmp_path), redirects=Std.OUT, local_ranks_filter=None)
+    await run_agent(spec_for(handler, logs=logs, max_restarts=0), stdout=out)
+    log = tmp_path / handler.get_run_id() / "attempt_0" / "1" / "stdout.log"
+    assert "done rank=1 attempt=0" in log.read_text()
+    assert out.text == ""
+
+
+async def test_stopping_leaves_no_worker_or_grandchild(handler: Any) -> None:
+    """A stop request ends the workers and their grandchildren; the run reports the signal."""
+    out = Console()
+    agent = ElasticAgent(spec_for(handler, "--grandchild"), stdout=out)
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.run)
+            await out.wait_for("pids", count=2)
+            agent.request_stop(signal.SIGTERM)
+        for pid in pids_in(out.text):
+            await wait_gone(pid)
+    assert agent.statistics().state == "stopped"
+
+
+async def test_workers_ignoring_sigterm_are_killed_after_the_timeout(handler: Any) -> None:
+    """Workers that ignore the forwarded signal get SIGKILL once shutdown_timeout passes."""
+    out = Console()
+    events: list[AgentEvent] = []
+    spec = spec_for(handler, "--ignore-sigterm", shutdown_timeout=0.2)
+    agent = ElasticAgent(spec, stdout=out, on_event=events.append)
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.run)
+            await out.wait_for("pids", count=2)
+            agent.request_stop(signal.SIGTERM)
+    result = await agent.wait()
+    stopped = [e for e in events if isinstance(e, WorkersStopped)]
+    assert (result.state, result.exit_status) == (RunState.STOPPED, 128 + signal.SIGTERM)
+    assert [(e.signal, e.killed) for e in stopped] == [(signal.SIGTERM, 2)]
+
+
+async def test_async_with_runs_in_the_background_and_stops_on_exit(handler: Any) -> None:
+    """``async with agent`` runs it in the background; leaving the block stops the workers."""
+    out = Console()
+    with anyio.fail_after(BOUND):
+        async with ElasticAgent(spec_for(handler, "--grandchild"), stdout=out) as agent:
+            await out.wait_for("pids", count=2)
+        result = await agent.wait()
+        for pid in pids_in(out.text):
+            await wait_gone(pid)
+    assert result.state is RunState.STOPPED

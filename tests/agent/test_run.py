@@ -1,0 +1,153 @@
+"""``aioelastic run`` end to end: real agents, real workers, real signals."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.agent.conftest import BOUND, WORKER, free_port, launched, pids_in, wait_gone
+
+pytestmark = pytest.mark.anyio
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio")])
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """The test only drives subprocesses; the launcher itself runs on uvloop when installed."""
+    return request.param
+
+
+async def test_demo_hung_worker_is_reaped_and_the_group_finishes() -> None:
+    """The README demo: rank 2 hangs once, the watchdog reaps it, the restarted group finishes."""
+    argv = ["--standalone", "--nproc-per-node", "4", "--max-restarts", "1"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, str(EXAMPLES / "agent_watchdog.py")) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert "watchdog: timer 'step-1' of rank 2" in run.err.text
+    assert "rank 2 failed: reaped by the watchdog (SIGKILL): timer 'step-1' expired" in run.err.text
+    assert "restarting the worker group (1/1)" in run.err.text
+    assert "run succeeded" in run.err.text
+    for rank in range(4):
+        assert f"[{rank}]: step 2 done (attempt 1)" in run.out.text
+
+
+async def test_restarts_exhausted_exits_nonzero_with_the_failure_report() -> None:
+    """A worker failing every attempt ends the job with status 1 and its traceback reported."""
+    argv = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, WORKER, "--fail-rank", "1", "--fail-attempts", "9") as run:
+            status = await run.wait()
+    assert status == 1, run
+    report = run.err.text[run.err.text.index("scenario.py FAILED") :]
+    assert "root cause (first failure): rank 1 (local rank 1)" in report
+    assert "error     : RuntimeError: rank 1 fails on attempt 1" in report
+    assert "Traceback (most recent call last)" in report
+    assert "run failed: restarts exhausted (1 allowed)" in run.err.text
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+async def test_signal_stops_everything_with_conventional_status(signum: signal.Signals) -> None:
+    """A signal to the agent is forwarded; it exits 128+signal and leaves no process behind."""
+    argv = ["--standalone", "--nproc-per-node", "2"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, WORKER, "--grandchild") as run:
+            await run.out.wait_for("pids", count=2)
+            run.send_signal(signum)
+            status = await run.wait()
+        pids = pids_in(run.out.text)
+        for pid in pids:
+            await wait_gone(pid)
+    assert len(pids) == 4
+    assert status == 128 + signum, run
+    assert f"received {signum.name}: stopping the workers" in run.err.text
+
+
+async def test_unknown_backend_fails_at_once_naming_it() -> None:
+    """A bad rendezvous backend is a one-line error, exit status 2, and no worker starts."""
+    with anyio.fail_after(BOUND):
+        async with launched("--rdzv-backend", "nosuch", WORKER) as run:
+            status = await run.wait()
+    assert status == 2, run
+    assert run.err.text.count("\n") == 1
+    assert "nosuch" in run.err.text
+
+
+def c10d_argv(port: int, nnodes: str, *extra: str) -> list[str]:
+    return [
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "elastic-test",
+        "--rdzv-conf",
+        "last_call_timeout=0.5,heartbeat_timeout=3,keep_alive_interval=0.5",
+        *extra,
+    ]
+
+
+async def test_a_third_agent_joining_restarts_everyone_with_the_larger_world() -> None:
+    """Scale-up: agents 1 and 2 run a 2-node job; a third joins; all rerun with 3 nodes."""
+    argv = [*c10d_argv(free_port(), "2:3"), WORKER, "--block-unless-nodes", "3"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv) as first, launched(*argv) as second:
+            await first.err.wait_for("node 0 of 2")
+            await second.err.wait_for("of 2")
+            async with launched(*argv) as third:
+                statuses = [await first.wait(), await second.wait(), await third.wait()]
+    assert statuses == [0, 0, 0], (first, second, third)
+    for agent in (first, second):
+        assert "membership changed (nodes_waiting)" in agent.err.text
+        assert "restarting" not in agent.err.text
+    assert "done rank=2 attempt=0 nodes=3" in first.out.text + second.out.text + third.out.text
+
+
+async def test_survivors_re_rendezvous_when_an_agent_is_killed(tmp_path: Path) -> None:
+    """Node loss: one of three agents is SIGKILLed; the other two continue as a 2-node job."""
+    release = tmp_path / "released"
+    argv = [
+        *c10d_argv(free_port(), "2:3"),
+        WORKER,
+        "--block-unless-nodes",
+        "2",
+        "--release-file",
+        str(release),
+    ]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+            for agent in (a, b, c):
+                await agent.err.wait_for("of 3, world size 3")
+                await agent.out.wait_for("pids")
+            release.touch()
+            c.send_signal(signal.SIGKILL)
+            statuses = [await a.wait(), await b.wait()]
+        for pid in pids_in(c.out.text):
+            await wait_gone(pid)  # the killed agent's worker died with it
+    assert statuses == [0, 0], (a, b)
+    for agent in (a, b):
+        assert "membership changed (participant_lost)" in agent.err.text
+        assert "nodes=2" in agent.out.text
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+async def test_torch_gloo_all_reduce_across_four_workers() -> None:
+    """Four torch workers started by aioelastic run form a gloo group and all_reduce."""
+    argv = ["--standalone", "--nproc-per-node", "4"]
+    with anyio.fail_after(BOUND * 3):
+        async with launched(*argv, str(EXAMPLES / "agent_torch_allreduce.py")) as run:
+            status = await run.wait()
+    assert status == 0, run
+    for rank in range(4):
+        assert f"[{rank}]: rank {rank}/4 (local {rank}): sum 10" in run.out.text
