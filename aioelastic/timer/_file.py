@@ -61,6 +61,20 @@ class _Process:
     exited: anyio.Event = field(default_factory=anyio.Event)
 
 
+def _check_directory(directory: str) -> None:
+    """Refuse a FIFO directory where other users could swap the FIFO (writable, not sticky)."""
+    try:
+        mode = os.stat(directory).st_mode
+    except OSError:
+        return  # mkfifo reports a missing directory with a clearer message
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        raise TimerConfigError(
+            f"the FIFO directory {directory!r} is writable by other users (mode "
+            f"{stat.S_IMODE(mode):o}) without the sticky bit, so they could replace the FIFO; "
+            "use a private directory (or file_path=None)"
+        )
+
+
 class FileTimerServer(TimerServerBase):
     """Serves timer requests written to a FIFO by any process on this host.
 
@@ -147,11 +161,17 @@ class FileTimerServer(TimerServerBase):
             path = os.path.join(self._private_dir, "timer.fifo")
         else:
             path = self._requested_path
+            _check_directory(os.path.dirname(os.path.abspath(path)))
             with contextlib.suppress(FileNotFoundError):
-                mode = os.lstat(path).st_mode
-                if not stat.S_ISFIFO(mode):
+                existing = os.lstat(path)
+                if not stat.S_ISFIFO(existing.st_mode):
                     raise TimerConfigError(
                         f"{path!r} exists and is not a FIFO; remove it or pass another file_path"
+                    )
+                if existing.st_uid != os.geteuid():
+                    raise TimerConfigError(
+                        f"the FIFO {path!r} is owned by uid {existing.st_uid}, not by this "
+                        f"server's uid {os.geteuid()}; remove it or pass another file_path"
                     )
                 logger.warning("replacing the existing FIFO %r (left by an earlier server?)", path)
                 os.unlink(path)
