@@ -248,7 +248,7 @@ class Withdrawn:
     value: bytes | None
     """The round's result if it was sealed meanwhile."""
     live: int
-    """Live nodes joined to the round when the node withdrew."""
+    """Live nodes joined to the round (this one included) when the node withdrew."""
 
 
 Event = (
@@ -323,7 +323,7 @@ class AwaitJoins:
 
 @dataclass(frozen=True, slots=True)
 class Withdraw:
-    """Delete the join record, then read the result and count live joiners -> :class:`Withdrawn`."""
+    """Count live joiners, delete the join record, read the result -> :class:`Withdrawn`."""
 
     round: int
     node: int

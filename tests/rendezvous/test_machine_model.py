@@ -257,11 +257,11 @@ class RendezvousModel(RuleBasedStateMachine):
                     return m.JoinsChanged()
                 return m.DeadlineReached() if self.now >= deadline else None
             case m.Withdraw(round_, who):
-                if not dry_run:
-                    store.delete(m.join_key(round_, who))
                 records = m.parse_records(store.prefix(m.join_prefix(round_)))
                 alive = m.parse_alive(store.prefix(m.alive_prefix()))
                 live = sum(1 for n in records if n in alive)
+                if not dry_run:
+                    store.delete(m.join_key(round_, who))
                 return m.Withdrawn(store.data.get(m.result_key(round_)), live)
         raise AssertionError(command)
 
@@ -323,13 +323,15 @@ class RendezvousModel(RuleBasedStateMachine):
                         assert result.rank_of(node) == old
 
     def teardown(self) -> None:
-        """With faults stopped: joining nodes finish (no deadlock), min_nodes fresh nodes form a
-        round despite whatever crashed before, and a lost member shows in the survivors' inbox."""
+        """With faults stopped: joining nodes finish (no deadlock); once the crashed nodes'
+        keys expired, min_nodes fresh nodes form a round whatever arrival numbers and records
+        the crashed ones left; a lost member shows in the survivors' inbox."""
         if not hasattr(self, "policy"):
             return
         for key, value in self.deferred:
             self.store.set(key, value)
         self._drain()
+        self.tick(HEARTBEAT)  # the crashed nodes' keys expire: only the fresh nodes are live
         fresh = [self.next_id + i for i in range(self.policy.min_nodes)]
         for _ in fresh:
             self.spawn()

@@ -1,0 +1,456 @@
+"""The elastic rendezvous handler: a thin async shell running :mod:`._machine` over any Store.
+
+The shell executes the machine's commands as store operations, waits with
+``Store.wait_for_change`` (never a sleep loop) and reads deadlines from an injectable clock.
+Besides joining, it keeps this node's liveness key fresh and, after a round completes, watches
+whether the round is still valid: the next round's keys (waiting nodes, reported losses, the
+close marker) and the liveness key of its ring successor, which it reports when it expires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import socket
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from types import TracebackType
+from typing import Self, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+
+from aioelastic._clock import Clock, MonotonicClock
+from aioelastic.rendezvous import _machine as m
+from aioelastic.rendezvous._errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from aioelastic.rendezvous._handler import RendezvousHandler
+from aioelastic.rendezvous._info import (
+    InvalidationReason,
+    RendezvousInfo,
+    RendezvousStoreInfo,
+    RoundInvalidated,
+)
+from aioelastic.rendezvous._parameters import ElasticSettings
+from aioelastic.store import PrefixStore, Store, StoreError
+
+logger = logging.getLogger(__name__)
+
+StoreOpener = Callable[[], AbstractAsyncContextManager[Store]]
+"""Opens (and on exit closes) the store a handler runs on, for backends that own their store."""
+
+T = TypeVar("T")
+
+
+@functools.cache
+def local_hostname() -> str:
+    """This host's fully qualified name (computed once: it may need DNS)."""
+    return socket.getfqdn(socket.gethostname())
+
+
+def free_port(addr: str) -> int:
+    """A TCP port free on ``addr`` now (for the workers' own store on rank 0)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    bind_addr = addr if addr in ("127.0.0.1", "::1") else ""
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((bind_addr, 0))
+        return int(sock.getsockname()[1])
+
+
+class ElasticRendezvousHandler(RendezvousHandler):
+    """Elastic (dynamic) rendezvous over any :class:`~aioelastic.store.Store`.
+
+    ``store`` is either a store the caller owns, or a :data:`StoreOpener` the handler enters
+    in ``__aenter__`` and leaves on exit. Keys live under ``rdzv/<run_id>/``. ``backend`` is
+    the name :meth:`get_backend` reports (``c10d``, ``etcd-v3``, ``memory``, ...).
+    """
+
+    def __init__(
+        self,
+        store: Store | StoreOpener,
+        settings: ElasticSettings,
+        *,
+        backend: str,
+        local_addr: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._source = store
+        self.settings = settings
+        self._backend = backend
+        self._addr = local_addr
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._policy = m.RoundPolicy(
+            settings.min_nodes,
+            settings.max_nodes,
+            settings.join_timeout,
+            settings.last_call_timeout,
+        )
+        self._stack: AsyncExitStack | None = None
+        self._tg: TaskGroup | None = None
+        self._store: Store | None = None
+        self._node = 0
+        self._joining = False
+        self._shut = False
+        self._last: m.RoundResult | None = None
+        self._rank = -1
+        self._invalidated: RoundInvalidated | None = None
+        self._invalid_event = anyio.Event()
+        self._monitor_scope: anyio.CancelScope | None = None
+        self._keep_alive_scope = anyio.CancelScope()
+        self._watch_from = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"ElasticRendezvousHandler(backend={self._backend!r}, "
+            f"run_id={self.settings.run_id!r}, node={self._node})"
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._stack is not None:
+            raise RendezvousStateError("this handler was already entered; create a new one")
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            base = self._source
+            if not isinstance(base, Store):
+                base = await stack.enter_async_context(base())
+            self._store = PrefixStore(f"rdzv/{self.settings.run_id}", base)
+            if self._addr is None:
+                self._addr = await anyio.to_thread.run_sync(local_hostname)
+            self._node = await self._guarded(self._store.add(m.NODE_IDS_KEY, 1))
+            await self._refresh()
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self._tg.start_soon(self._keep_alive, self._keep_alive_scope)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+            await stack.aclose()
+
+    def _require_store(self) -> Store:
+        if self._store is None:
+            raise RendezvousStateError("use the handler as `async with handler:` before calling it")
+        return self._store
+
+    async def _guarded(self, call: Awaitable[T]) -> T:
+        """Await a store call, turning store failures into :class:`RendezvousConnectionError`."""
+        try:
+            return await call
+        except StoreError as error:
+            raise RendezvousConnectionError(
+                f"rendezvous of run {self.settings.run_id!r} lost its store: {error}"
+            ) from error
+
+    # -- the torch API ------------------------------------------------------------------------
+
+    def get_backend(self) -> str:
+        return self._backend
+
+    def get_run_id(self) -> str:
+        return self.settings.run_id
+
+    @property
+    def node_id(self) -> int:
+        """This handler's node id in the run (allocated by the store on entry)."""
+        return self._node
+
+    async def next_rendezvous(self) -> RendezvousInfo:
+        store = self._require_store()
+        if self._shut:
+            raise RendezvousStateError("this handler was shut down; create a new one to rejoin")
+        if self._joining:
+            raise RendezvousStateError("next_rendezvous() is already running on this handler")
+        self._joining = True
+        try:
+            self._leave_round("this node left it to join the next round")
+            assert self._addr is not None
+            previous = (self._last.round, self._rank) if self._last is not None else (0, -1)
+            machine = m.JoinMachine(
+                self._policy, self._node, self._addr, free_port(self._addr), previous
+            )
+            command = machine.start(self._clock.now())
+            try:
+                while not isinstance(command, m.Finish | m.Fail):
+                    event = await self._guarded(self._execute(command))
+                    command = machine.send(event, self._clock.now())
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._abandon(machine)
+                raise
+        finally:
+            self._joining = False
+        if isinstance(command, m.Fail):
+            if command.reason is m.Phase.CLOSED:
+                raise RendezvousClosedError(self.settings.run_id)
+            raise RendezvousTimeoutError(
+                self.settings.run_id,
+                self.settings.join_timeout,
+                command.live,
+                self.settings.min_nodes,
+            )
+        return self._completed(store, command.result, command.rank)
+
+    async def is_closed(self) -> bool:
+        store = self._require_store()
+        return await self._guarded(store.check([m.CLOSED_KEY]))
+
+    async def set_closed(self) -> None:
+        store = self._require_store()
+        with anyio.fail_after(self.settings.close_timeout):
+            await self._guarded(store.set(m.CLOSED_KEY, b"1"))
+            round_ = await self._latest() + 1
+            while True:
+                stored = await self._guarded(
+                    store.compare_set(m.result_key(round_), b"", m.CLOSED_RESULT)
+                )
+                if stored == m.CLOSED_RESULT:
+                    return
+                round_ += 1
+
+    async def num_nodes_waiting(self) -> int:
+        store = self._require_store()
+        round_ = await self._latest() + 1
+        snapshot = await self._guarded(store.get_prefix(m.join_prefix(round_)))
+        return len(snapshot.items)
+
+    async def wait_round_invalidated(self) -> RoundInvalidated:
+        self._require_store()
+        if self._last is None:
+            raise RendezvousStateError(
+                "no round completed on this handler yet; call next_rendezvous() first"
+            )
+        await self._invalid_event.wait()
+        assert self._invalidated is not None
+        return self._invalidated
+
+    async def shutdown(self) -> bool:
+        """Leave the rendezvous (a completed round learns this node left); others go on."""
+        if self._shut or self._store is None:
+            return True
+        self._shut = True
+        self._keep_alive_scope.cancel()
+        store = self._store
+        last, still_valid = self._last, self._invalidated is None
+        self._leave_round("this handler shut down")
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.close_timeout):
+                if last is not None and still_valid:
+                    await store.set(m.lost_key(last.round + 1, self._node), b"left")
+                await store.delete_key(m.alive_key(self._node))
+        except (StoreError, TimeoutError) as error:
+            logger.warning("rendezvous %r: leaving cleanly failed: %s", self.settings.run_id, error)
+            return False
+        return True
+
+    # -- joining ------------------------------------------------------------------------------
+
+    async def _execute(self, command: m.Command) -> m.Event:
+        """Perform one command of the machine against the store; return its outcome."""
+        store = self._store
+        assert store is not None
+        match command:
+            case m.ReadState():
+                snapshot = await store.get_prefix(m.STATE_PREFIX)
+                latest = int(snapshot.items.get(m.LATEST_KEY, b"0"))
+                return m.StateRead(latest, m.CLOSED_KEY in snapshot.items)
+            case m.Announce(round_, record):
+                await store.set(m.join_key(round_, record.node), record.encode())
+                return m.Announced()
+            case m.Count(round_):
+                return m.Counted(await store.add(m.count_key(round_), 1))
+            case m.AwaitResult(round_, deadline):
+                return await self._await_result(round_, deadline)
+            case m.ReadCandidates(round_):
+                joins = await store.get_prefix(m.join_prefix(round_))
+                alive = await store.get_prefix(m.alive_prefix())
+                self._watch_from = joins.revision
+                return m.Candidates(m.parse_records(joins.items), m.parse_alive(alive.items))
+            case m.Publish(round_, value):
+                stored = await store.compare_set(m.result_key(round_), b"", value)
+                if stored == value:
+                    await store.set(m.LATEST_KEY, str(round_))
+                return m.Published(stored)
+            case m.AwaitJoins(round_, deadline):
+                if not await self._wait_change(m.round_prefix(round_), self._watch_from, deadline):
+                    return m.DeadlineReached()
+                sealed = await store.get_prefix(m.result_key(round_))
+                found = sealed.items.get(m.result_key(round_))
+                return m.JoinsChanged() if found is None else m.ResultSeen(found)
+            case m.Withdraw(round_, node):
+                joined = await store.get_prefix(m.join_prefix(round_))
+                living = m.parse_alive((await store.get_prefix(m.alive_prefix())).items)
+                live = len(m.parse_records(joined.items).keys() & living)
+                await store.delete_key(m.join_key(round_, node))
+                sealed = await store.get_prefix(m.result_key(round_))
+                return m.Withdrawn(sealed.items.get(m.result_key(round_)), live)
+        raise AssertionError(f"not a store command: {command!r}")  # pragma: no cover
+
+    async def _await_result(self, round_: int, deadline: float) -> m.Event:
+        assert self._store is not None
+        key = m.result_key(round_)
+        snapshot = await self._store.get_prefix(key)
+        while key not in snapshot.items:
+            if not await self._wait_change(key, snapshot.revision, deadline):
+                return m.DeadlineReached()
+            snapshot = await self._store.get_prefix(key)
+        return m.ResultSeen(snapshot.items[key])
+
+    async def _wait_change(self, prefix: str, after: int, deadline: float) -> bool:
+        """Wait for a change under ``prefix`` after revision ``after``; False at ``deadline``."""
+        assert self._store is not None
+        wait = functools.partial(self._store.wait_for_change, prefix, after=after, timeout=math.inf)
+        if deadline == math.inf:
+            await wait()
+            return True
+        if isinstance(self._clock, MonotonicClock):
+            with anyio.CancelScope(deadline=deadline) as scope:
+                await wait()
+            return not scope.cancelled_caught
+        changed = False
+        async with anyio.create_task_group() as tg:
+
+            async def alarm() -> None:
+                await self._clock.sleep_until(deadline)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(alarm)
+            await wait()
+            changed = True
+            tg.cancel_scope.cancel()
+        return changed
+
+    async def _abandon(self, machine: m.JoinMachine) -> None:
+        """Best effort after a failed or cancelled join: withdraw the join record."""
+        if machine.phase in (m.Phase.READING, m.Phase.DONE, m.Phase.CLOSED, m.Phase.TIMED_OUT):
+            return
+        assert self._store is not None
+        with (
+            contextlib.suppress(StoreError, TimeoutError),
+            anyio.fail_after(self.settings.close_timeout),
+        ):
+            await self._store.delete_key(m.join_key(machine.round, self._node))
+
+    async def _latest(self) -> int:
+        assert self._store is not None
+        snapshot = await self._guarded(self._store.get_prefix(m.STATE_PREFIX))
+        return int(snapshot.items.get(m.LATEST_KEY, b"0"))
+
+    def _completed(self, store: Store, result: m.RoundResult, rank: int) -> RendezvousInfo:
+        self._last, self._rank = result, rank
+        self._invalidated = None
+        self._invalid_event = anyio.Event()
+        self._monitor_scope = anyio.CancelScope()
+        assert self._tg is not None
+        self._tg.start_soon(self._monitor, result, self._monitor_scope)
+        logger.info(
+            "rendezvous %r round %d complete: node %d is rank %d of %d",
+            self.settings.run_id,
+            result.round,
+            self._node,
+            rank,
+            result.world_size,
+        )
+        return RendezvousInfo(
+            store=PrefixStore(f"store/{result.round}", store),
+            rank=rank,
+            world_size=result.world_size,
+            bootstrap_store_info=RendezvousStoreInfo(result.master_addr, result.master_port),
+        )
+
+    # -- liveness and round validity ------------------------------------------------------------
+
+    async def _refresh(self) -> None:
+        assert self._store is not None
+        await self._guarded(
+            self._store.set(m.alive_key(self._node), b"1", ttl=self.settings.heartbeat_timeout)
+        )
+
+    async def _keep_alive(self, scope: anyio.CancelScope) -> None:
+        interval = self.settings.keep_alive_interval
+        with scope:
+            while True:
+                await self._clock.sleep_until(self._clock.now() + interval)
+                try:
+                    await self._refresh()
+                except RendezvousError as error:
+                    logger.warning(
+                        "rendezvous %r: keep-alive failed: %s", self.settings.run_id, error
+                    )
+
+    def _invalidate(self, verdict: RoundInvalidated) -> None:
+        if self._invalidated is None:
+            self._invalidated = verdict
+            self._invalid_event.set()
+            logger.info("rendezvous %r: %s", self.settings.run_id, verdict.detail)
+
+    def _leave_round(self, why: str) -> None:
+        """Stop watching the last round; waiters learn it is no longer valid for this node."""
+        if self._monitor_scope is not None:
+            self._monitor_scope.cancel()
+            self._monitor_scope = None
+        if self._last is not None:
+            self._invalidate(RoundInvalidated(InvalidationReason.NODES_WAITING, why))
+
+    async def _monitor(self, result: m.RoundResult, scope: anyio.CancelScope) -> None:
+        with scope:
+            while True:
+                try:
+                    async with anyio.create_task_group() as tg:
+                        successor = m.ring_successor(result.members, self._node)
+                        if successor is not None:
+                            tg.start_soon(self._watch_successor, result, successor)
+                        await self._watch_inbox(result)
+                        tg.cancel_scope.cancel()
+                    return
+                except StoreError as error:
+                    logger.warning(
+                        "rendezvous %r: watching round %d failed (%s); retrying",
+                        self.settings.run_id,
+                        result.round,
+                        error,
+                    )
+                    await self._clock.sleep_until(
+                        self._clock.now() + self.settings.keep_alive_interval
+                    )
+
+    async def _watch_inbox(self, result: m.RoundResult) -> None:
+        """Return once the next round's keys say this round is over (and say so)."""
+        assert self._store is not None
+        prefix = m.round_prefix(result.round + 1)
+        snapshot = await self._store.get_prefix(prefix)
+        while (verdict := m.assess_inbox(result.members, result.round, snapshot.items)) is None:
+            await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
+            snapshot = await self._store.get_prefix(prefix)
+        self._invalidate(verdict)
+
+    async def _watch_successor(self, result: m.RoundResult, successor: int) -> None:
+        """Report the ring successor lost once its liveness key is gone."""
+        assert self._store is not None
+        prefix, key = m.alive_prefix(successor), m.alive_key(successor)
+        snapshot = await self._store.get_prefix(prefix)
+        while key in snapshot.items:
+            await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
+            snapshot = await self._store.get_prefix(prefix)
+        await self._store.set(m.lost_key(result.round + 1, successor), b"heartbeat expired")

@@ -1,0 +1,229 @@
+"""Elastic rendezvous over one MemoryStore: many handlers in one loop, time on a manual clock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+import pytest
+from anyio.abc import TaskGroup
+
+from aioelastic.rendezvous import (
+    InvalidationReason,
+    RendezvousClosedError,
+    RendezvousInfo,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+from aioelastic.testing import ManualClock
+from tests.rendezvous.conftest import MakeHandler, advance
+
+pytestmark = pytest.mark.anyio
+
+
+class Joiner:
+    """Runs ``next_rendezvous`` of one handler in the background and keeps its outcome."""
+
+    def __init__(self, handler: ElasticRendezvousHandler) -> None:
+        self.handler = handler
+        self.info: RendezvousInfo | None = None
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+        self.scope = anyio.CancelScope()
+
+    async def run(self) -> None:
+        with self.scope:
+            try:
+                self.info = await self.handler.next_rendezvous()
+            except Exception as error:
+                self.error = error
+            finally:
+                self.done.set()
+
+
+@asynccontextmanager
+async def cluster(handlers: list[ElasticRendezvousHandler]) -> AsyncIterator[TaskGroup]:
+    """Enter every handler, then yield a task group for their joins (nested properly)."""
+    async with AsyncExitStack() as stack:
+        for handler in handlers:
+            await stack.enter_async_context(handler)
+        async with anyio.create_task_group() as tg:
+            yield tg
+            tg.cancel_scope.cancel()
+
+
+def start(tg: TaskGroup, handlers: list[ElasticRendezvousHandler]) -> list[Joiner]:
+    joiners = [Joiner(h) for h in handlers]
+    for joiner in joiners:
+        tg.start_soon(joiner.run)
+    return joiners
+
+
+async def finished(joiners: list[Joiner]) -> list[RendezvousInfo]:
+    with anyio.fail_after(10):  # generous: only guards against a hang
+        for joiner in joiners:
+            await joiner.done.wait()
+    infos = [j.info for j in joiners]
+    assert all(info is not None for info in infos), [j.error for j in joiners]
+    return [info for info in infos if info is not None]
+
+
+async def test_a_round_completes_at_once_when_max_nodes_join(make_handler: MakeHandler) -> None:
+    """max_nodes joiners complete without any time passing, with ranks 0..n-1."""
+    handlers = [make_handler(min_nodes=2, max_nodes=3) for _ in range(3)]
+    async with cluster(handlers) as tg:
+        infos = await finished(start(tg, handlers))
+    assert sorted(info.rank for info in infos) == [0, 1, 2]
+    assert {info.world_size for info in infos} == {3}
+    assert len({info.bootstrap_store_info for info in infos}) == 1
+
+
+async def test_min_nodes_complete_after_the_last_call(
+    make_handler: MakeHandler, clock: ManualClock
+) -> None:
+    """With min_nodes joined the round waits last_call_timeout, then completes."""
+    handlers = [make_handler(min_nodes=2, max_nodes=4) for _ in range(2)]
+    async with cluster(handlers) as tg:
+        joiners = start(tg, handlers)
+        await advance(clock, 9.5, step=0.5)
+        assert not any(j.done.is_set() for j in joiners)
+        await advance(clock, 0.5)
+        infos = await finished(joiners)
+    assert sorted(info.rank for info in infos) == [0, 1]
+
+
+async def test_too_few_nodes_time_out_with_the_counts(
+    make_handler: MakeHandler, clock: ManualClock
+) -> None:
+    """Below min_nodes until join_timeout: RendezvousTimeoutError naming the counts."""
+    handler = make_handler(min_nodes=2, max_nodes=3, join_timeout=30)
+    async with handler, anyio.create_task_group() as tg:
+        (joiner,) = start(tg, [handler])
+        await advance(clock, 30, step=5)
+        await joiner.done.wait()
+    assert isinstance(joiner.error, RendezvousTimeoutError)
+    with pytest.raises(
+        RendezvousTimeoutError, match=r"30 s with 1 live node\(s\) joined, 2 needed"
+    ):
+        raise joiner.error
+
+
+async def test_timeout_is_an_alias_of_join_timeout(
+    make_handler: MakeHandler, clock: ManualClock
+) -> None:
+    """The ``timeout`` key (torchrun passes it) sets the join timeout."""
+    handler = make_handler(min_nodes=2, max_nodes=2, join_timeout=None, timeout="7")
+    assert handler.settings.join_timeout == 7.0
+
+
+async def test_a_late_node_waits_and_invalidates_the_round(
+    make_handler: MakeHandler, clock: ManualClock
+) -> None:
+    """A node arriving after completion waits, is counted, and the members learn at once."""
+    members = [make_handler(min_nodes=2, max_nodes=3) for _ in range(2)]
+    late = make_handler(min_nodes=2, max_nodes=3)
+    async with cluster([*members, late]) as tg:
+        first = start(tg, members)
+        await advance(clock, 10)
+        before = {
+            j.handler.node_id: info.rank
+            for j, info in zip(first, await finished(first), strict=True)
+        }
+        assert await members[0].num_nodes_waiting() == 0
+        (waiting,) = start(tg, [late])
+        verdicts = [await member.wait_round_invalidated() for member in members]
+        assert {v.reason for v in verdicts} == {InvalidationReason.NODES_WAITING}
+        assert await members[0].num_nodes_waiting() == 1
+        assert not waiting.done.is_set()
+        again = start(tg, members)  # the members re-join: max_nodes now, so it completes
+        infos = await finished([*again, waiting])
+    assert {info.world_size for info in infos} == {3}
+    for joiner, info in zip(again, infos, strict=False):
+        assert info.rank == before[joiner.handler.node_id]
+
+
+async def test_a_lost_participant_invalidates_the_survivors_round(
+    make_handler: MakeHandler, clock: ManualClock
+) -> None:
+    """A member whose liveness key expires makes the others' round invalid."""
+    handlers = [make_handler(min_nodes=2, max_nodes=3) for _ in range(3)]
+    async with cluster(handlers) as tg:
+        await finished(start(tg, handlers))
+        victim = handlers[1]
+        victim._keep_alive_scope.cancel()  # the node hangs: no more keep-alives
+        victim._leave_round("hung")
+        await advance(clock, 16)
+        with anyio.fail_after(10):
+            verdicts = [await h.wait_round_invalidated() for h in (handlers[0], handlers[2])]
+    assert {v.reason for v in verdicts} == {InvalidationReason.PARTICIPANT_LOST}
+    assert f"node(s) {victim.node_id} " in verdicts[0].detail
+
+
+async def test_a_member_that_shuts_down_invalidates_without_closing(
+    make_handler: MakeHandler,
+) -> None:
+    """shutdown() leaves: the others see a lost participant, the run stays open."""
+    handlers = [make_handler(min_nodes=2, max_nodes=3) for _ in range(3)]
+    async with cluster(handlers) as tg:
+        await finished(start(tg, handlers))
+        assert await handlers[2].shutdown()
+        verdict = await handlers[0].wait_round_invalidated()
+        assert verdict.reason is InvalidationReason.PARTICIPANT_LOST
+        assert not await handlers[0].is_closed()
+        with pytest.raises(RendezvousStateError, match="shut down"):
+            await handlers[2].next_rendezvous()
+
+
+async def test_set_closed_tells_members_and_fails_later_joins(make_handler: MakeHandler) -> None:
+    """After set_closed the members learn CLOSED at once, and any later join raises closed."""
+    handlers = [make_handler(min_nodes=2, max_nodes=2) for _ in range(3)]
+    async with cluster(handlers) as tg:
+        await finished(start(tg, handlers[:2]))
+        await handlers[0].set_closed()
+        verdict = await handlers[1].wait_round_invalidated()
+        assert verdict.reason is InvalidationReason.CLOSED
+        assert await handlers[2].is_closed()
+        for handler in handlers[1:]:
+            with pytest.raises(RendezvousClosedError, match="run 'job' is closed"):
+                await handler.next_rendezvous()
+
+
+async def test_set_closed_fails_a_waiting_join(make_handler: MakeHandler) -> None:
+    """A node waiting for a round gets RendezvousClosedError when the run closes."""
+    waiting_handler, closer = make_handler(), make_handler()
+    async with cluster([waiting_handler, closer]) as tg:
+        (waiting,) = start(tg, [waiting_handler])
+        await anyio.wait_all_tasks_blocked()
+        await closer.set_closed()
+        await waiting.done.wait()
+    assert isinstance(waiting.error, RendezvousClosedError)
+
+
+async def test_cancelling_a_join_withdraws_it(
+    make_handler: MakeHandler, clock: ManualClock
+) -> None:
+    """A cancelled next_rendezvous removes its join record: nobody counts it."""
+    handlers = [make_handler(min_nodes=2, max_nodes=2) for _ in range(3)]
+    async with cluster(handlers) as tg:
+        await finished(start(tg, handlers[:2]))
+        (waiting,) = start(tg, handlers[2:])
+        await anyio.wait_all_tasks_blocked()
+        assert await handlers[0].num_nodes_waiting() == 1
+        waiting.scope.cancel()
+        await waiting.done.wait()
+        assert await handlers[0].num_nodes_waiting() == 0
+
+
+async def test_invalidation_needs_a_completed_round(make_handler: MakeHandler) -> None:
+    """wait_round_invalidated before any round is a usage error."""
+    async with make_handler() as handler:
+        with pytest.raises(RendezvousStateError, match="call next_rendezvous"):
+            await handler.wait_round_invalidated()
+
+
+async def test_a_handler_must_be_entered(make_handler: MakeHandler) -> None:
+    """Calling a handler outside `async with` says how to use it."""
+    with pytest.raises(RendezvousStateError, match="async with handler"):
+        await make_handler().next_rendezvous()
