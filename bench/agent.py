@@ -5,7 +5,10 @@
   first line of Python (the replacement's timestamp), with 2 workers and one restart.
 
 Run ``python -m bench.agent [--repeat N]``. torchrun is skipped when torch is not installed.
-Figures are medians; on a shared machine they are noisy.
+Figures are medians after one warm-up run of each launcher; on a shared machine they are
+noisy. Launchers run with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` removed), as for
+any installed package: torch's wheel ships its bytecode, and an editable aioelastic would
+otherwise recompile every module on every start.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def torchrun(args: list[str]) -> list[str]:
 def run(cmd: list[str]) -> float:
     """Run ``cmd`` to completion; return its wall time in seconds."""
     env = {**os.environ, "LOGLEVEL": "ERROR"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, env=env, check=False)
     elapsed = time.perf_counter() - start
@@ -94,6 +98,8 @@ def main() -> None:
         ]
         print(f"agent benchmarks: median of {repeat} runs, {os.cpu_count()} CPUs (noisy if shared)")
         print(f"{'measure':34} {'aioelastic':>11} {'torchrun':>10} {'speed-up':>9}")
+        for launcher in launchers.values():  # warm-up: bytecode and file caches
+            trivial_job(launcher, trivial)
         for name, measure in rows:
             medians = {
                 label: statistics.median(measure(launcher) for _ in range(repeat))
