@@ -361,9 +361,14 @@ def run_command(args: argparse.Namespace) -> int:
     except FlagError as exc:
         _one_line_error(str(exc))
     import importlib.util
+    import logging
 
     import anyio
 
+    level = os.environ.get("LOGLEVEL", "WARNING").upper()  # torchrun's variable
+    if not isinstance(logging.getLevelName(level), int):
+        _one_line_error(f"LOGLEVEL={level!r} is not a logging level (DEBUG, INFO, WARNING, ...)")
+    logging.basicConfig(level=level, format="[%(name)s] %(message)s")
     use_uvloop = importlib.util.find_spec("uvloop") is not None
     return anyio.run(launch, config, backend_options={"use_uvloop": use_uvloop})
 
