@@ -16,11 +16,13 @@ from aioelastic.agent import (
     ElasticAgent,
     GroupRestarting,
     LogSpec,
+    MembershipChanged,
     RunState,
     Std,
     WorkerFailed,
     WorkerReaped,
     WorkerSpec,
+    WorkersStarted,
     WorkersStopped,
 )
 from aioelastic.rendezvous import RendezvousHandler, RendezvousParameters, get_rendezvous_handler
@@ -208,3 +210,45 @@ async def test_async_with_runs_in_the_background_and_stops_on_exit(handler: Any)
         for pid in pids_in(out.text):
             await wait_gone(pid)
     assert result.state is RunState.STOPPED
+
+
+async def test_a_joining_node_re_rendezvouses_without_costing_a_restart(tmp_path: Path) -> None:
+    """Agents in one loop: a second node joining makes the first re-rendezvous for free."""
+    store = MemoryStore()
+
+    def params() -> RendezvousParameters:
+        return RendezvousParameters(
+            "memory", "scale-up", "job", 1, 2, store=store, last_call_timeout="0.05"
+        )
+
+    first_started = anyio.Event()
+    events: list[AgentEvent] = []
+
+    def on_first(event: AgentEvent) -> None:
+        events.append(event)
+        if isinstance(event, WorkersStarted):
+            first_started.set()
+
+    results = {}
+    with anyio.fail_after(BOUND):
+        async with (
+            get_rendezvous_handler(params()) as one,
+            get_rendezvous_handler(params()) as two,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def run(name: str, spec: WorkerSpec, on_event: Any = None) -> None:
+                agent = ElasticAgent(spec, stdout=Console(), stderr=Console(), on_event=on_event)
+                results[name] = await agent.run()
+
+            worker = ("--out", str(tmp_path), "--block-unless-nodes", "2")
+            tg.start_soon(run, "one", spec_for(one, *worker, local_world_size=1), on_first)
+            await first_started.wait()
+            tg.start_soon(run, "two", spec_for(two, *worker, local_world_size=1))
+    changes = [e for e in events if isinstance(e, MembershipChanged)]
+    assert [r.state for r in results.values()] == [RunState.SUCCEEDED] * 2
+    assert [r.restart_count for r in results.values()] == [0, 0]
+    assert [c.reason for c in changes] == ["NODES_WAITING"]
+    finished = [e for e in records(tmp_path) if e["GROUP_WORLD_SIZE"] == "2"]
+    assert sorted(e["RANK"] for e in finished) == ["0", "1"]
+    assert {e["WORLD_SIZE"] for e in finished} == {"2"}
