@@ -22,11 +22,12 @@ Theory of operation:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from aioelastic.store._errors import (
     StoreOutcomeUnknownError,
     StoreTimeoutError,
 )
-from aioelastic.store._etcd_combine import AddCombiner
+from aioelastic.store._etcd_combine import AddCombiner, SharedCalls
 from aioelastic.store._etcd_rpc import (
     EtcdConnection,
     Member,
@@ -55,6 +56,7 @@ from aioelastic.store._etcd_rpc import (
     parse_endpoints,
     require_extra,
     rpc,
+    settle,
 )
 from aioelastic.store._memory import check_key, check_ttl, parse_int
 
@@ -198,6 +200,14 @@ class EtcdStore(Store):
         self._tokens = itertools.count(1)
         self._ttl_leases: dict[bytes, tuple[int, int]] = {}  # key -> (lease id, seconds)
         self._adders: dict[bytes, AddCombiner] = {}
+        closed = functools.partial(StoreClosedError, f"the etcd store {self._endpoint} closed")
+        self._shared_reads: SharedCalls[Hashable, Any] = SharedCalls(
+            join_running=False, closed=closed
+        )
+        self._shared_watches: SharedCalls[Hashable, int] = SharedCalls(
+            join_running=True, closed=closed
+        )
+        self._shared_tg: TaskGroup | None = None  # serve()'s, for the shared calls
         self._subscribers: list[Callable[[EtcdStoreEvent], object]] = []
         if on_event is not None:
             self._subscribers.append(on_event)
@@ -237,10 +247,12 @@ class EtcdStore(Store):
         self._serving = True
         try:
             await self._new_session()
-            task_status.started()
-            while True:
-                await anyio.sleep(self._session_ttl / 3)
-                await self._renew_session(self._session)
+            async with anyio.create_task_group() as shared_tg:
+                self._shared_tg = shared_tg
+                task_status.started()
+                while True:
+                    await anyio.sleep(self._session_ttl / 3)
+                    await self._renew_session(self._session)
         finally:
             self._serving = False
             with anyio.CancelScope(shield=True):
@@ -261,6 +273,13 @@ class EtcdStore(Store):
             raise StoreClosedError(f"the etcd store {self._endpoint} was closed; create a new one")
         if not self._serving and self._task_group is not None:
             raise StoreClosedError(f"the etcd store {self._endpoint} stopped serving")
+
+    def _tasks(self) -> TaskGroup:
+        """The task group of :meth:`serve`, where shared calls run."""
+        if self._shared_tg is None or not self._serving:
+            self._check_serving()
+            raise StoreClosedError(f"the etcd store {self._endpoint} is not serving")
+        return self._shared_tg
 
     def _check_serving(self) -> None:
         self._check_open()
@@ -383,10 +402,12 @@ class EtcdStore(Store):
             return
         member = self._conn.current
         try:
-            await member.lease.LeaseRevoke(
-                rpc.LeaseRevokeRequest(ID=session.lease),
-                timeout=self._conn.request_timeout,
-                metadata=member.metadata,
+            await settle(
+                member.lease.LeaseRevoke(
+                    rpc.LeaseRevokeRequest(ID=session.lease),
+                    timeout=self._conn.request_timeout,
+                    metadata=member.metadata,
+                )
             )
         except Exception as error:
             if not is_rpc_error(error):
@@ -399,7 +420,17 @@ class EtcdStore(Store):
         return self._data + check_key(key).encode()
 
     async def _read(self, keys: Sequence[bytes]) -> tuple[int, list[Any]]:
-        """Return the revision and each key's KeyValue (None if missing), read atomically."""
+        """Return the revision and each key's KeyValue (None if missing), read atomically.
+
+        Concurrent reads of the same keys share one request (sent after each of them began).
+        """
+        read = functools.partial(self._read_now, keys)
+        result: tuple[int, list[Any]] = await self._shared_reads.call(
+            self._tasks(), ("read", *keys), read
+        )
+        return result
+
+    async def _read_now(self, keys: Sequence[bytes]) -> tuple[int, list[Any]]:
         request = rpc.TxnRequest(
             success=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key)) for key in keys]
         )
@@ -415,12 +446,14 @@ class EtcdStore(Store):
         return response.header.revision, values
 
     async def _range(self, prefix: bytes, *, count_only: bool = False) -> Any:
+        """Read every key under ``prefix`` (concurrent equal reads share one request)."""
         request = rpc.RangeRequest(key=prefix, range_end=_range_end(prefix), count_only=count_only)
 
         async def attempt(member: Member, timeout: float) -> Any:
             return await member.kv.Range(request, timeout=timeout, metadata=member.metadata)
 
-        return await self._conn.call("range read", attempt)
+        read = functools.partial(self._conn.call, "range read", attempt)
+        return await self._shared_reads.call(self._tasks(), ("range", prefix, count_only), read)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -546,8 +579,15 @@ class EtcdStore(Store):
 
     async def _watch(self, ranges: Sequence[tuple[bytes, bytes]], start_revision: int) -> int:
         """Return the store revision once a key in ``ranges`` changes at ``start_revision``
-        or later (or that history was compacted), re-watching on another member on failure.
+        or later (or that history was compacted); concurrent equal waits share one watch.
         """
+        key = (tuple(ranges), start_revision)
+        watch = functools.partial(self._watch_now, ranges, start_revision)
+        revision: int = await self._shared_watches.call(self._tasks(), key, watch)
+        return revision
+
+    async def _watch_now(self, ranges: Sequence[tuple[bytes, bytes]], start_revision: int) -> int:
+        """:meth:`_watch` for one caller, re-watching on another member on failure."""
         failing_since: float | None = None
         delay = 0.05
 
@@ -558,7 +598,7 @@ class EtcdStore(Store):
         while True:
             member = self._conn.current
             try:
-                revision = await self._watch_on(member, ranges, start_revision, established)
+                revision = await settle(self._watch_on(member, ranges, start_revision, established))
             except Exception as error:
                 if is_rpc_error(error) and not is_retryable(error):
                     raise self._conn.rejected(member, "watch", error) from None

@@ -1,4 +1,6 @@
-"""Flat combining of concurrent ``add`` calls on one key into one store write.
+"""Sharing work between concurrent calls on one EtcdStore: combined adds, shared reads/watches.
+
+Flat combining of concurrent ``add`` calls on one key into one store write.
 
 On etcd an ``add`` is a read and a compare-and-set; N tasks adding to one counter at once
 would retry O(N^2) times. Instead, callers queue their amounts; whoever holds the key's lock
@@ -8,9 +10,14 @@ total it would have seen had the adds run one after another, in queue order.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 import anyio
+from anyio.abc import TaskGroup
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 
 
 class _Pending:
@@ -75,3 +82,82 @@ class AddCombiner:
         for pending in batch:
             running += pending.amount
             pending.result, pending.done = running, True
+
+
+class _Flight(Generic[T]):
+    __slots__ = ("done", "error", "result", "scope", "started", "waiters")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self.started = False
+        self.waiters = 0
+        self.result: T | None = None
+        self.error: BaseException | None = None
+
+
+class SharedCalls(Generic[K, T]):
+    """Concurrent calls with equal keys share one execution (one request to etcd).
+
+    The execution runs as a task in the store's task group, not in any caller, so a caller
+    that is cancelled never fails the others; once every caller has gone it is cancelled.
+    ``join_running`` says whether a caller may join an execution that already started: yes
+    for a watch (its answer does not depend on when it began), no for a read (which must be
+    sent after the call began, or it could return a value older than the call).
+    """
+
+    def __init__(self, *, join_running: bool, closed: Callable[[], BaseException]) -> None:
+        self._join_running = join_running
+        self._closed = closed
+        self._flights: dict[K, _Flight[T]] = {}
+
+    def __len__(self) -> int:
+        return len(self._flights)
+
+    async def call(self, task_group: TaskGroup, key: K, run: Callable[[], Awaitable[T]]) -> T:
+        """Return the result of ``run()``, shared with concurrent calls of the same ``key``."""
+        flight = self._flights.get(key)
+        if flight is None or (flight.started and not self._join_running):
+            flight = _Flight()
+            self._flights[key] = flight
+            task_group.start_soon(self._execute, key, flight, run, task_group)
+        flight.waiters += 1
+        try:
+            await flight.done.wait()
+        finally:
+            flight.waiters -= 1
+            if not flight.waiters and not flight.done.is_set() and self._join_running:
+                # Every caller left a watch: stop it, and let later callers start afresh.
+                # (A read is short: it finishes, and new callers never join a started one.)
+                flight.scope.cancel()
+                if self._flights.get(key) is flight:
+                    del self._flights[key]
+        if flight.error is not None:
+            raise flight.error
+        return flight.result  # type: ignore[return-value]  # set whenever error is not
+
+    async def _execute(
+        self,
+        key: K,
+        flight: _Flight[T],
+        run: Callable[[], Awaitable[T]],
+        task_group: TaskGroup,
+    ) -> None:
+        try:
+            with flight.scope:
+                flight.started = True
+                flight.result = await run()
+                return
+            flight.error = self._closed()  # cancelled: only callers that already left see it
+        except Exception as error:
+            flight.error = error
+        except BaseException:
+            flight.error = self._closed()
+            if task_group.cancel_scope.cancel_called:
+                raise  # the store is closing
+            # grpc re-raises our cancellation as a bare CancelledError that the scope does not
+            # recognise; every caller has left, so end quietly.
+        finally:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+            flight.done.set()

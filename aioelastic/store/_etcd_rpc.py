@@ -10,6 +10,7 @@ only re-sends calls marked idempotent).
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ __all__ = [
     "parse_endpoints",
     "require_extra",
     "rpc",
+    "settle",
 ]
 
 T = TypeVar("T")
@@ -139,6 +141,24 @@ class Member:
         self.lease = rpc.LeaseStub(self.channel)
         self.auth = rpc.AuthStub(self.channel)
         self.metadata: tuple[tuple[str, str], ...] | None = None
+
+
+async def settle(awaitable: Awaitable[T]) -> T:
+    """Await a gRPC call so that anyio cancellation works through it.
+
+    grpc.aio replaces the cancellation it receives with a bare ``CancelledError`` that anyio's
+    cancel scopes do not recognise (they would let it escape). Re-enter a checkpoint so a
+    cancelled scope raises its own; a cancellation nobody asked for means grpc cancelled the
+    call itself because the channel closed.
+    """
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise StoreClosedError("the etcd store's channel closed during the call") from None
 
 
 def _is_retryable(error: Any) -> bool:
@@ -265,9 +285,9 @@ class EtcdConnection:
                 raise StoreClosedError(f"the etcd store etcd://{self.endpoints} was closed")
             member = self.current
             try:
-                await self.authenticate(member)
+                await settle(self.authenticate(member))
                 self.requests += 1
-                return await attempt(member, self.request_timeout)
+                return await settle(attempt(member, self.request_timeout))
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNAUTHENTICATED and member.metadata:
                     member.metadata = None  # the token expired: get a new one and retry

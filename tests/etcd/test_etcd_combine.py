@@ -1,4 +1,4 @@
-"""Flat combining of concurrent adds (no etcd needed: the write is a function here)."""
+"""Combined adds and shared calls (no etcd needed: the store call is a function here)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic.store._etcd_combine import AddCombiner
+from aioelastic.store._etcd_combine import AddCombiner, SharedCalls
 
 
 @pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio"), pytest.param("trio")])
@@ -114,3 +114,118 @@ async def test_cancelling_the_writer_reports_an_unknown_outcome_to_the_others() 
     assert counter.writes == [2]
     assert outcomes == {other: "outcome unknown"}
     assert combiner.users == 0
+
+
+class Source:
+    """A call that the test completes by hand, counting how often it runs."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.started = anyio.Event()
+        self.finish = anyio.Event()
+        self.cancelled = False
+
+    async def run(self) -> int:
+        self.runs += 1
+        self.started.set()
+        try:
+            await self.finish.wait()
+        except BaseException:
+            self.cancelled = True
+            raise
+        return self.runs
+
+
+def shared(join_running: bool) -> SharedCalls[str, int]:
+    return SharedCalls(join_running=join_running, closed=lambda: RuntimeError("closed"))
+
+
+async def test_concurrent_calls_share_one_execution() -> None:
+    """Calls with one key made before the execution starts all get its single result."""
+    calls, source = shared(join_running=False), Source()
+    results: list[int] = []
+    async with anyio.create_task_group() as flights, anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(lambda: _append(results, calls.call(flights, "k", source.run)))
+        await source.started.wait()
+        source.finish.set()
+    assert (source.runs, results) == (1, [1] * 5)
+
+
+async def _append(results: list[int], call: Any) -> None:
+    results.append(await call)
+
+
+async def test_a_read_in_flight_is_not_joined() -> None:
+    """A call made after a read was sent starts its own (it must not see an older value)."""
+    calls, source = shared(join_running=False), Source()
+    results: list[int] = []
+    async with anyio.create_task_group() as flights, anyio.create_task_group() as tg:
+        tg.start_soon(lambda: _append(results, calls.call(flights, "k", source.run)))
+        await source.started.wait()
+        tg.start_soon(lambda: _append(results, calls.call(flights, "k", source.run)))
+        await anyio.wait_all_tasks_blocked()
+        source.finish.set()
+    assert source.runs == 2
+
+
+async def test_a_watch_in_flight_is_joined() -> None:
+    """A call made while a shareable execution runs waits for that one."""
+    calls, source = shared(join_running=True), Source()
+    results: list[int] = []
+    async with anyio.create_task_group() as flights, anyio.create_task_group() as tg:
+        tg.start_soon(lambda: _append(results, calls.call(flights, "k", source.run)))
+        await source.started.wait()
+        tg.start_soon(lambda: _append(results, calls.call(flights, "k", source.run)))
+        await anyio.wait_all_tasks_blocked()
+        source.finish.set()
+    assert (source.runs, results) == (1, [1, 1])
+
+
+async def test_one_caller_leaving_does_not_disturb_the_others() -> None:
+    """A cancelled caller detaches; the shared execution goes on for the rest."""
+    calls, source = shared(join_running=True), Source()
+    results: list[int] = []
+    async with anyio.create_task_group() as flights, anyio.create_task_group() as tg:
+        with anyio.CancelScope() as leaver:
+            tg.start_soon(lambda: _append(results, calls.call(flights, "k", source.run)))
+            await source.started.wait()
+            leaver.cancel()
+            await calls.call(flights, "k", source.run)
+        tg.start_soon(lambda: _append(results, calls.call(flights, "k", source.run)))
+        await anyio.wait_all_tasks_blocked()
+        source.finish.set()
+    assert (source.runs, source.cancelled, results) == (1, False, [1, 1])
+
+
+async def test_a_watch_every_caller_left_is_stopped() -> None:
+    """When the last caller of a watch leaves, the watch is cancelled and forgotten."""
+    calls, source = shared(join_running=True), Source()
+    async with anyio.create_task_group() as flights, anyio.create_task_group() as tg:
+        caller = anyio.CancelScope()
+
+        async def call() -> None:
+            with caller:
+                await calls.call(flights, "k", source.run)
+
+        tg.start_soon(call)
+        await source.started.wait()
+        caller.cancel()
+        await anyio.wait_all_tasks_blocked()
+    assert (len(calls), source.cancelled) == (0, True)
+
+
+async def test_an_error_reaches_every_caller() -> None:
+    """An exception of the shared execution is raised in each caller."""
+    calls = shared(join_running=False)
+
+    async def fail() -> int:
+        raise ValueError("etcd said no")
+
+    async def call() -> None:
+        with pytest.raises(ValueError, match="etcd said no"):
+            await calls.call(flights, "k", fail)
+
+    async with anyio.create_task_group() as flights, anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(call)
