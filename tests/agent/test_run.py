@@ -102,8 +102,8 @@ async def test_a_third_agent_joining_restarts_everyone_with_the_larger_world() -
     argv = [*c10d_argv(free_port(), "2:3"), WORKER, "--block-unless-nodes", "3"]
     with anyio.fail_after(BOUND):
         async with launched(*argv) as first, launched(*argv) as second:
-            await first.err.wait_for("node 0 of 2")
-            await second.err.wait_for("of 2")
+            await first.err.wait_for(" of 2, world size 2")
+            await second.err.wait_for(" of 2, world size 2")
             async with launched(*argv) as third:
                 statuses = [await first.wait(), await second.wait(), await third.wait()]
     assert statuses == [0, 0, 0], (first, second, third)
