@@ -101,9 +101,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._last: m.RoundResult | None = None
         self._rank = -1
         self._invalidated: RoundInvalidated | None = None
-        self._invalid_event = anyio.Event()
+        self._invalid_event: anyio.Event | None = None
         self._monitor_scope: anyio.CancelScope | None = None
-        self._keep_alive_scope = anyio.CancelScope()
+        self._keep_alive_scope: anyio.CancelScope | None = None
         self._watch_from = 0
 
     def __repr__(self) -> str:
@@ -129,6 +129,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._node = await self._guarded(self._store.add(m.NODE_IDS_KEY, 1))
             await self._refresh()
             self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self._keep_alive_scope = anyio.CancelScope()
             self._tg.start_soon(self._keep_alive, self._keep_alive_scope)
         except BaseException:
             await stack.aclose()
@@ -241,6 +242,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             raise RendezvousStateError(
                 "no round completed on this handler yet; call next_rendezvous() first"
             )
+        assert self._invalid_event is not None
         await self._invalid_event.wait()
         assert self._invalidated is not None
         return self._invalidated
@@ -250,7 +252,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
         if self._shut or self._store is None:
             return True
         self._shut = True
-        self._keep_alive_scope.cancel()
+        if self._keep_alive_scope is not None:
+            self._keep_alive_scope.cancel()
         store = self._store
         last, still_valid = self._last, self._invalidated is None
         self._leave_round("this handler shut down")
@@ -402,7 +405,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
     def _invalidate(self, verdict: RoundInvalidated) -> None:
         if self._invalidated is None:
             self._invalidated = verdict
-            self._invalid_event.set()
+            if self._invalid_event is not None:
+                self._invalid_event.set()
             logger.info("rendezvous %r: %s", self.settings.run_id, verdict.detail)
 
     def _leave_round(self, why: str) -> None:

@@ -180,7 +180,7 @@ class ElasticSettings:
             raise RendezvousParameterError(
                 f"join_timeout={join:g} and its alias timeout={alias:g} disagree; set one of them"
             )
-        interval = _seconds(params, "keep_alive_interval", cls.keep_alive_interval)
+        interval = seconds(params, "keep_alive_interval", cls.keep_alive_interval)
         attempts = params.get_as_int("keep_alive_max_attempt", 3)
         if attempts is None or attempts < 1:
             raise RendezvousParameterError(
@@ -191,14 +191,15 @@ class ElasticSettings:
             min_nodes=params.min_nodes,
             max_nodes=params.max_nodes,
             join_timeout=next((v for v in (join, alias) if v is not None), cls.join_timeout),
-            last_call_timeout=_seconds(params, "last_call_timeout", cls.last_call_timeout),
-            close_timeout=_seconds(params, "close_timeout", cls.close_timeout),
+            last_call_timeout=seconds(params, "last_call_timeout", cls.last_call_timeout),
+            close_timeout=seconds(params, "close_timeout", cls.close_timeout),
             keep_alive_interval=interval,
-            heartbeat_timeout=_seconds(params, "heartbeat_timeout", interval * attempts),
+            heartbeat_timeout=seconds(params, "heartbeat_timeout", interval * attempts),
         )
 
 
-def _seconds(params: RendezvousParameters, key: str, default: float) -> float:
+def seconds(params: RendezvousParameters, key: str, default: float) -> float:
+    """Return ``key`` as seconds, ``default`` when unset."""
     value = params.get_as_float(key, default)
     assert value is not None  # a default was given
     return value

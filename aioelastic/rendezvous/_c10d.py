@@ -1,0 +1,138 @@
+"""The ``c10d`` backend: elastic rendezvous over the TCP store.
+
+The node whose endpoint is local hosts the store server (or the node with ``is_host=true``);
+every node, the host included, talks to it as a client. When another process on the same host
+already serves the endpoint, a node that was not told ``is_host`` simply becomes a client.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+from aioelastic.rendezvous._errors import RendezvousConnectionError, RendezvousParameterError
+from aioelastic.rendezvous._parameters import ElasticSettings, RendezvousParameters, seconds
+from aioelastic.store import Store, StoreError, TCPStore, TCPStoreServer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 29400
+
+
+def parse_endpoint(endpoint: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """Split ``host[:port]`` (IPv6 as ``[addr]:port``) into host and port."""
+    text = endpoint.strip()
+    if not text:
+        raise RendezvousParameterError(
+            "the rendezvous endpoint is empty; pass host[:port] of the rendezvous store"
+        )
+    host, port_text = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    if not port_text:
+        return host, default_port
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise RendezvousParameterError(
+            f"rendezvous endpoint {endpoint!r} has port {port_text!r}; use host:port with a "
+            "port in 1..65535"
+        )
+    return host, port
+
+
+@functools.cache
+def _local_names() -> frozenset[str]:
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None):
+            names.add(str(info[4][0]))
+    except OSError:
+        pass
+    return frozenset(names)
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` names this machine."""
+    return host in _local_names()
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind ``error``, also when a task group wrapped it in an exception group."""
+    if isinstance(error, OSError):
+        return error
+    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        return _os_error(error.exceptions[0])
+    return None
+
+
+@asynccontextmanager
+async def open_tcp_store(
+    host: str,
+    port: int,
+    *,
+    is_host: bool | None,
+    read_timeout: float,
+    connect_timeout: float,
+) -> AsyncIterator[Store]:
+    """Serve the store if this node hosts it, and connect to it; yields the client."""
+    async with AsyncExitStack() as stack:
+        if is_host or (is_host is None and is_local(host)):
+            bind = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
+            try:
+                await stack.enter_async_context(TCPStoreServer(bind, port))
+            except Exception as error:
+                cause = _os_error(error)
+                if cause is None:
+                    raise
+                if is_host or cause.errno != errno.EADDRINUSE:
+                    raise RendezvousConnectionError(
+                        f"cannot serve the rendezvous store on {bind}:{port}: {cause}; free the "
+                        "port or choose another endpoint"
+                    ) from error
+                logger.info(
+                    "%s:%d is served by another process here; joining as a client", host, port
+                )
+        client = TCPStore(host, port, timeout=read_timeout, connect_timeout=connect_timeout)
+        try:
+            await stack.enter_async_context(client)
+        except StoreError as error:
+            raise RendezvousConnectionError(
+                f"cannot reach the rendezvous store at {host}:{port} within "
+                f"{connect_timeout:g} s: {error}; check the endpoint and that the hosting node "
+                "is up"
+            ) from error
+        yield client
+
+
+def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
+    """Create a ``c10d`` handler (see the module docstring)."""
+    settings = ElasticSettings.from_parameters(params, extra_keys={"is_host", "store_type"})
+    store_type = str(params.get("store_type", "tcp")).strip().lower()
+    if store_type != "tcp":
+        raise RendezvousParameterError(
+            f"rendezvous option store_type={store_type!r} is not supported; only 'tcp' is"
+        )
+    host, port = parse_endpoint(params.endpoint)
+    is_host = params.get_as_bool("is_host")
+    read_timeout = seconds(params, "read_timeout", 60.0)
+    opener = functools.partial(
+        open_tcp_store,
+        host,
+        port,
+        is_host=is_host,
+        read_timeout=read_timeout,
+        connect_timeout=settings.join_timeout,
+    )
+    local_addr = params.local_addr or params.get("local_addr")
+    return ElasticRendezvousHandler(opener, settings, backend="c10d", local_addr=local_addr)

@@ -1,0 +1,175 @@
+"""The ``static`` backend: a fixed world size, ranks given in the config.
+
+Rank 0 hosts the TCP store at the endpoint, the others connect. Each node claims its rank,
+rank 0 publishes where the workers' own store will live (its address and a free port), and
+everyone waits until every rank has arrived, at most ``join_timeout`` (``timeout``) seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Self
+
+import anyio
+
+from aioelastic.rendezvous._c10d import open_tcp_store, parse_endpoint
+from aioelastic.rendezvous._elastic import free_port, local_hostname
+from aioelastic.rendezvous._errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousParameterError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from aioelastic.rendezvous._handler import RendezvousHandler
+from aioelastic.rendezvous._info import (
+    InvalidationReason,
+    RendezvousInfo,
+    RendezvousStoreInfo,
+    RoundInvalidated,
+)
+from aioelastic.rendezvous._parameters import RendezvousParameters, seconds
+from aioelastic.store import PrefixStore, Store, StoreError, StoreTimeoutError
+
+STATIC_KEYS = frozenset({"rank", "join_timeout", "timeout", "read_timeout", "local_addr"})
+
+
+class StaticRendezvousHandler(RendezvousHandler):
+    """A fixed-size job: ``min_nodes == max_nodes`` nodes with configured ranks."""
+
+    def __init__(self, params: RendezvousParameters) -> None:
+        params.check_keys(STATIC_KEYS)
+        if params.min_nodes != params.max_nodes:
+            raise RendezvousParameterError(
+                f"the static backend needs a fixed size, but min_nodes={params.min_nodes} and "
+                f"max_nodes={params.max_nodes}; use c10d for elastic jobs"
+            )
+        rank = params.get_as_int("rank")
+        if rank is None or not 0 <= rank < params.max_nodes:
+            raise RendezvousParameterError(
+                f"the static backend needs rank=0..{params.max_nodes - 1} in its config "
+                f"(torchrun: --node-rank), not {rank!r}"
+            )
+        join = seconds(params, "join_timeout", seconds(params, "timeout", 600.0))
+        read = seconds(params, "read_timeout", 60.0)
+        self.run_id = params.run_id
+        self.rank = rank
+        self.world_size = params.max_nodes
+        self.join_timeout = join
+        self._host, self._port = parse_endpoint(params.endpoint)
+        self._read_timeout = read
+        self._addr = params.local_addr or params.get("local_addr")
+        self._stack: AsyncExitStack | None = None
+        self._store: Store | None = None
+        self._info: RendezvousInfo | None = None
+
+    def get_backend(self) -> str:
+        return "static"
+
+    def get_run_id(self) -> str:
+        return self.run_id
+
+    async def __aenter__(self) -> Self:
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            client = await stack.enter_async_context(
+                open_tcp_store(
+                    self._host,
+                    self._port,
+                    is_host=self.rank == 0,
+                    read_timeout=self._read_timeout,
+                    connect_timeout=self.join_timeout,
+                )
+            )
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._store = PrefixStore(f"rdzv/{self.run_id}/static", client)
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    def _require_store(self) -> Store:
+        if self._store is None:
+            raise RendezvousStateError("use the handler as `async with handler:` before calling it")
+        return self._store
+
+    async def next_rendezvous(self) -> RendezvousInfo:
+        """Claim this rank and wait for all ranks; later calls return the same outcome."""
+        store = self._require_store()
+        if self._info is not None:
+            return self._info
+        if await self.is_closed():
+            raise RendezvousClosedError(self.run_id)
+        try:
+            if self.rank == 0:
+                addr = self._addr or await anyio.to_thread.run_sync(local_hostname)
+                await store.set("master", json.dumps([addr, free_port(addr)]))
+            claim = secrets.token_hex(8)
+            owner = await store.compare_set(f"rank/{self.rank}", "", claim)
+            if owner.decode() != claim:
+                raise RendezvousStateError(
+                    f"rank {self.rank} of run {self.run_id!r} is already taken by another node; "
+                    "give every node a distinct rank (torchrun: --node-rank)"
+                )
+            keys = ["master", *(f"rank/{r}" for r in range(self.world_size))]
+            try:
+                values = await store.multi_get(keys, timeout=self.join_timeout)
+            except StoreTimeoutError:
+                arrived = len((await store.get_prefix("rank/")).items)
+                raise RendezvousTimeoutError(
+                    self.run_id, self.join_timeout, arrived, self.world_size
+                ) from None
+        except StoreError as error:
+            raise RendezvousConnectionError(f"static rendezvous lost its store: {error}") from error
+        addr, port = json.loads(values[0])
+        self._info = RendezvousInfo(
+            PrefixStore("store", store),
+            self.rank,
+            self.world_size,
+            RendezvousStoreInfo(str(addr), int(port)),
+        )
+        return self._info
+
+    async def is_closed(self) -> bool:
+        return await self._require_store().check(["closed"])
+
+    async def set_closed(self) -> None:
+        await self._require_store().set("closed", b"1")
+
+    async def num_nodes_waiting(self) -> int:
+        """Always 0: a static job admits no new nodes."""
+        return 0
+
+    async def wait_round_invalidated(self) -> RoundInvalidated:
+        """Return when the job is closed (a static round is otherwise never invalidated)."""
+        store = self._require_store()
+        if self._info is None:
+            raise RendezvousStateError(
+                "no round completed on this handler yet; call next_rendezvous() first"
+            )
+        await store.wait(["closed"], timeout=math.inf)
+        return RoundInvalidated(InvalidationReason.CLOSED, f"run {self.run_id!r} was closed")
+
+    async def shutdown(self) -> bool:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+        return True
+
+
+def create_handler(params: RendezvousParameters) -> StaticRendezvousHandler:
+    """Create a ``static`` handler (see the module docstring)."""
+    return StaticRendezvousHandler(params)
