@@ -1,0 +1,197 @@
+"""Rendezvous over etcd: formation time and store requests per round.
+
+* N = 2, 8, 16 separate processes, each with its own handler and EtcdStore;
+* 1,000 handlers in one process sharing one EtcdStore (``config["store"]``).
+
+Formation time runs from the moment every node has connected and is told to go, to the
+moment the last node's ``next_rendezvous()`` returned (the median of ``--repeat`` runs, each on
+a fresh run id). Requests are gRPC calls (watches included) counted by the store, per node.
+etcd is a local single-member cluster started here (``$AIOELASTIC_ETCD_BINARY`` or ``etcd`` on
+PATH). There is no torch row: torch's etcd rendezvous speaks only etcd's v2 API (gone from
+etcd 3.6); the targets come from issue 5. The machine is shared and has 2 cores: figures are
+noisy. Run ``python -m bench.rendezvous_etcd``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+TARGETS = {2: 0.1, 8: 0.1, 16: 0.1, 1000: 3.0}  # seconds (issue 5 gives N=16 and N=1000)
+
+
+def _params(endpoint: str, run_id: str, nodes: int, store: Any) -> Any:
+    from aioelastic.rendezvous import RendezvousParameters
+
+    return RendezvousParameters(
+        backend="etcd",
+        endpoint=endpoint,
+        run_id=run_id,
+        min_nodes=nodes,
+        max_nodes=nodes,
+        store=store,
+        join_timeout="120",
+    )
+
+
+# -- one node per process ---------------------------------------------------------------------
+
+
+def node(endpoint: str, run_id: str, nodes: int) -> None:
+    """A child process: connect, say ready, wait for the start time, rendezvous, report."""
+    import anyio
+
+    from aioelastic.rendezvous import get_rendezvous_handler
+    from aioelastic.store import EtcdStore
+
+    async def run() -> None:
+        async with (
+            EtcdStore(endpoint, prefix="/bench/") as store,
+            get_rendezvous_handler(_params(endpoint, run_id, nodes, store)) as handler,
+        ):
+            print("ready", flush=True)
+            start = float(await anyio.to_thread.run_sync(sys.stdin.readline))
+            await anyio.sleep_until(start)  # the loop clock is time.monotonic()
+            before = store.statistics().requests
+            info = await handler.next_rendezvous()
+            done = time.monotonic()
+            requests = store.statistics().requests - before
+            print(json.dumps({"done": done, "rank": info.rank, "requests": requests}), flush=True)
+
+    anyio.run(run)
+
+
+def processes(endpoint: str, nodes: int) -> tuple[float, float]:
+    """Formation time and requests per node for ``nodes`` processes.
+
+    Every child starts at one instant of the shared monotonic clock, so the time it takes to
+    tell them to go is not counted.
+    """
+    run_id = uuid.uuid4().hex[:8]
+    command = [sys.executable, "-m", "bench.rendezvous_etcd", "node", endpoint, run_id, str(nodes)]
+    children = [
+        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(nodes)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None
+            if child.stdout.readline().strip() != "ready":
+                raise RuntimeError("a benchmark node failed to connect")
+        start = time.monotonic() + 0.2 + 0.02 * nodes
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(f"{start!r}\n")
+            child.stdin.flush()
+        reports = []
+        for child in children:
+            assert child.stdout is not None
+            reports.append(json.loads(child.stdout.readline()))
+    finally:
+        for child in children:
+            child.wait(timeout=60)
+    if sorted(r["rank"] for r in reports) != list(range(nodes)):
+        raise RuntimeError(f"ranks are not 0..{nodes - 1}: {reports}")
+    formation = max(r["done"] for r in reports) - start
+    return formation, statistics.mean(r["requests"] for r in reports)
+
+
+# -- many handlers in one process -----------------------------------------------------------------
+
+
+def in_process(endpoint: str, nodes: int) -> tuple[float, float]:
+    """Formation time and requests per node for ``nodes`` handlers sharing one store."""
+    import anyio
+
+    from aioelastic.rendezvous import get_rendezvous_handler
+    from aioelastic.store import EtcdStore
+
+    run_id = uuid.uuid4().hex[:8]
+    result: list[float] = []
+
+    async def run() -> None:
+        async with EtcdStore(endpoint, prefix="/bench/") as store:
+            go, connected, formed = anyio.Event(), anyio.Event(), anyio.Event()
+            ranks: list[int] = []
+            entered = 0
+
+            async def one() -> None:
+                nonlocal entered
+                async with get_rendezvous_handler(_params(endpoint, run_id, nodes, store)) as h:
+                    entered += 1
+                    if entered == nodes:
+                        connected.set()
+                    await go.wait()
+                    ranks.append((await h.next_rendezvous()).rank)
+                    if len(ranks) == nodes:
+                        formed.set()
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(nodes):
+                    tg.start_soon(one)
+                await connected.wait()
+                before = store.statistics().requests
+                start = time.monotonic()
+                go.set()
+                await formed.wait()
+                result.append(time.monotonic() - start)
+                result.append((store.statistics().requests - before) / nodes)
+            if sorted(ranks) != list(range(nodes)):
+                raise RuntimeError(f"ranks are not 0..{nodes - 1}")
+
+    anyio.run(run)
+    return result[0], result[1]
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--processes", type=int, nargs="*", default=[2, 8, 16])
+    parser.add_argument("--handlers", type=int, default=1000)
+    args = parser.parse_args()
+
+    from aioelastic.store._etcd_process import HOW_TO_GET_ETCD, EtcdCluster, find_etcd_binary
+
+    binary = find_etcd_binary()
+    if binary is None:
+        sys.exit(f"no etcd binary: {HOW_TO_GET_ETCD}")
+    with tempfile.TemporaryDirectory() as tmp, EtcdCluster(binary, Path(tmp)) as cluster:
+        endpoint = cluster.endpoints
+        cases: list[tuple[str, int, Any]] = [
+            (f"N={n} processes", n, processes) for n in args.processes
+        ]
+        if args.handlers:
+            cases.append((f"{args.handlers} handlers, 1 process", args.handlers, in_process))
+        print(f"etcd rendezvous formation, local single-member etcd, median of {args.repeat}")
+        print(
+            f"{'case':<28}{'aioelastic':>12}{'target':>10}{'target/ours':>13}{'requests/node':>15}"
+        )
+        for label, nodes, measure in cases:
+            runs = [measure(endpoint, nodes) for _ in range(args.repeat)]
+            seconds = statistics.median(r[0] for r in runs)
+            requests = statistics.median(r[1] for r in runs)
+            target = TARGETS.get(nodes)
+            ratio = f"{target / seconds:.1f}x" if target else "-"
+            shown = f"{target * 1000:.0f} ms" if target else "-"
+            print(f"{label:<28}{seconds * 1000:>9.1f} ms{shown:>10}{ratio:>13}{requests:>15.1f}")
+        print("torch: no etcd v3 rendezvous to compare with (its etcd backend is v2-only)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "node":
+        node(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        os.environ.setdefault("PYTHONWARNINGS", "ignore")
+        main()

@@ -1,0 +1,171 @@
+"""The etcd rendezvous backend on a real etcd: forming rounds, member failures, lost nodes."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelastic.rendezvous import (
+    InvalidationReason,
+    RendezvousConnectionError,
+    RendezvousHandler,
+    RendezvousParameterError,
+    RendezvousParameters,
+    get_rendezvous_handler,
+)
+from aioelastic.store import EtcdStore
+from aioelastic.store._etcd_process import EtcdCluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.etcd]
+
+# Real etcd members and processes die in these tests: one event loop is enough.
+one_loop = pytest.mark.parametrize("anyio_backend", [("asyncio", {})], ids=["asyncio"])
+
+FAST_LIVENESS = {"keep_alive_interval": "1", "heartbeat_timeout": "3"}
+
+
+def params(endpoints: str, run_id: str, nodes: int, **config: Any) -> RendezvousParameters:
+    return RendezvousParameters(
+        "etcd", endpoints, run_id, nodes, nodes, local_addr="127.0.0.1", **config
+    )
+
+
+async def form(handlers: list[RendezvousHandler]) -> list[tuple[int, int]]:
+    """Run next_rendezvous on every handler at once; return their (rank, world size)."""
+    results: list[tuple[int, int]] = []
+
+    async def one(handler: RendezvousHandler) -> None:
+        info = await handler.next_rendezvous()
+        results.append((info.rank, info.world_size))
+
+    async with anyio.create_task_group() as tg:
+        for handler in handlers:
+            tg.start_soon(one, handler)
+    return sorted(results)
+
+
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v3"])
+@one_loop
+async def test_nodes_form_a_round(etcd_server: EtcdCluster, backend: str) -> None:
+    """Three handlers on etcd get ranks 0..2 of a world of 3, under either backend name."""
+    run = f"form-{backend}"
+    handlers = [
+        get_rendezvous_handler(
+            RendezvousParameters(backend, etcd_server.endpoints, run, 3, 3, local_addr="127.0.0.1")
+        )
+        for _ in range(3)
+    ]
+    async with handlers[0], handlers[1], handlers[2]:
+        assert await form(handlers) == [(0, 3), (1, 3), (2, 3)]
+        assert {h.get_backend() for h in handlers} == {backend}
+
+
+@one_loop
+async def test_round_completes_although_the_leader_is_killed_while_forming(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    """8 handlers (own connections) form a round while etcd's leader dies midway."""
+    endpoints = etcd_cluster.endpoints
+    handlers = [get_rendezvous_handler(params(endpoints, "leader", 8)) for _ in range(8)]
+    async with (
+        EtcdStore(endpoints, prefix="/aioelastic/") as observer,
+        handlers[0], handlers[1], handlers[2], handlers[3],
+        handlers[4], handlers[5], handlers[6], handlers[7],
+    ):  # fmt: skip
+        results: list[tuple[int, int]] = []
+
+        async def one(handler: RendezvousHandler) -> None:
+            info = await handler.next_rendezvous()
+            results.append((info.rank, info.world_size))
+
+        with anyio.fail_after(90):
+            async with anyio.create_task_group() as tg:
+                for handler in handlers[:7]:
+                    tg.start_soon(one, handler)
+                # Once 7 have joined (they wait for the 8th), kill the leader, then add the 8th.
+                joins = "rdzv/leader/round/1/join/"
+                snapshot = await observer.get_prefix(joins)
+                while len(snapshot.items) < 7:
+                    await observer.wait_for_change(joins, after=snapshot.revision)
+                    snapshot = await observer.get_prefix(joins)
+                await anyio.to_thread.run_sync(etcd_cluster.leader().kill)
+                tg.start_soon(one, handlers[7])
+    assert sorted(results) == [(rank, 8) for rank in range(8)]
+
+
+_VICTIM = """
+import sys, anyio
+from aioelastic.rendezvous import RendezvousParameters, get_rendezvous_handler
+
+async def main():
+    endpoints, run = sys.argv[1], sys.argv[2]
+    params = RendezvousParameters("etcd", endpoints, run, 3, 3, local_addr="127.0.0.1",
+                                  keep_alive_interval="1", heartbeat_timeout="3")
+    async with get_rendezvous_handler(params) as handler:
+        info = await handler.next_rendezvous()
+        print("rank", info.rank, flush=True)
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+@one_loop
+async def test_a_killed_nodes_lease_expiry_invalidates_the_survivors_round(
+    etcd_server: EtcdCluster,
+) -> None:
+    """A participant process killed with SIGKILL stops renewing its lease; when etcd expires
+    it, both survivors learn their round is invalid (participant lost)."""
+    endpoints = etcd_server.endpoints
+    run = "victim"
+    survivors = [get_rendezvous_handler(params(endpoints, run, 3, **FAST_LIVENESS)) for _ in "ab"]
+    command = [sys.executable, "-c", textwrap.dedent(_VICTIM), endpoints, run]
+    async with await anyio.open_process(command, stderr=None) as victim:
+        async with survivors[0], survivors[1]:
+            with anyio.fail_after(60):
+                ranks = await form(survivors)
+                assert victim.stdout is not None
+                line = b""
+                while not line.endswith(b"\n"):
+                    line += await victim.stdout.receive()
+                assert line.startswith(b"rank ")
+                assert sorted([r for r, _ in ranks] + [int(line.split()[1])]) == [0, 1, 2]
+                victim.kill()
+                verdicts = [await s.wait_round_invalidated() for s in survivors]
+        assert {v.reason for v in verdicts} == {InvalidationReason.PARTICIPANT_LOST}
+
+
+@one_loop
+async def test_an_unreachable_cluster_is_a_connection_error_naming_the_endpoints(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    """With every member down, next_rendezvous raises RendezvousConnectionError after
+    read_timeout, and the message names the endpoints."""
+    endpoints = etcd_cluster.endpoints
+    handler = get_rendezvous_handler(params(endpoints, "down", 2, read_timeout="1"))
+    async with handler:
+        await anyio.to_thread.run_sync(lambda: etcd_cluster.stop(timeout=1))
+        with anyio.fail_after(60):
+            pattern = "etcd://" + endpoints.replace(".", r"\.")
+            with pytest.raises(RendezvousConnectionError, match=pattern):
+                await handler.next_rendezvous()
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"protocol": "gopher"}, "protocol='gopher' must be http or https"),
+        ({"store": object()}, "is not an EtcdStore"),
+        ({"read_timeout": "0"}, "read_timeout=0 must be a positive number"),
+        ({"cacert": "/nonexistent/ca.pem"}, "cannot read etcd TLS ca_cert file"),
+        ({"etcd_prefx": "/x"}, "unknown rendezvous option"),
+    ],
+)
+def test_bad_configuration_is_a_parameter_error(config: dict[str, Any], message: str) -> None:
+    """A bad etcd option raises RendezvousParameterError naming it."""
+    with pytest.raises(RendezvousParameterError, match=message):
+        get_rendezvous_handler(params("127.0.0.1:2379", "bad", 1, **config))
