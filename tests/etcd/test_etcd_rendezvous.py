@@ -65,6 +65,18 @@ async def test_nodes_form_a_round(etcd_server: EtcdCluster, backend: str) -> Non
 
 
 @one_loop
+async def test_handlers_can_share_one_store(etcd_server: EtcdCluster) -> None:
+    """Handlers given one open EtcdStore (config ``store``) form a round over it."""
+    endpoints = etcd_server.endpoints
+    async with EtcdStore(endpoints, prefix="/aioelastic/") as store:
+        shared = params(endpoints, "shared", 3, store=store)
+        handlers = [get_rendezvous_handler(shared) for _ in "abc"]
+        async with handlers[0], handlers[1], handlers[2]:
+            assert await form(handlers) == [(0, 3), (1, 3), (2, 3)]
+        assert store.statistics().session_lease is not None  # the handlers left it open
+
+
+@one_loop
 async def test_round_completes_although_the_leader_is_killed_while_forming(
     etcd_cluster: EtcdCluster,
 ) -> None:
