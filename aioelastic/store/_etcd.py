@@ -18,6 +18,10 @@ Theory of operation:
 * **Failures.** Reads and idempotent writes retry with backoff, moving to the next endpoint;
   a wait re-opens its watch from the same revision on another member (aetcd's watch dies
   with its member). A compacted revision ends a wait early: the caller re-reads.
+* **Sharing.** Many handlers in one process may share a store: concurrent adds to one key
+  are combined into one write, concurrent equal reads into one request (sent after each
+  caller began, so reads stay linearizable), and equal waits into one watch
+  (:mod:`._etcd_combine`).
 """
 
 from __future__ import annotations
