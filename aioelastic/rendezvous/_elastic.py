@@ -227,6 +227,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     store.compare_set(m.result_key(round_), b"", m.CLOSED_RESULT)
                 )
                 if stored == m.CLOSED_RESULT:
+                    await self._guarded(store.add(m.count_key(round_), 0))  # ring the doorbell
                     return
                 round_ += 1
 
@@ -260,7 +261,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         try:
             with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.close_timeout):
                 if last is not None and still_valid:
-                    await store.set(m.lost_key(last.round + 1, self._node), b"left")
+                    await self._report_lost(last.round + 1, self._node, "left")
                 await store.delete_key(m.alive_key(self._node))
         except (StoreError, TimeoutError) as error:
             logger.warning("rendezvous %r: leaving cleanly failed: %s", self.settings.run_id, error)
@@ -296,7 +297,13 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     await store.set(m.LATEST_KEY, str(round_))
                 return m.Published(stored)
             case m.AwaitJoins(round_, deadline):
-                if not await self._wait_change(m.round_prefix(round_), self._watch_from, deadline):
+                wait = functools.partial(
+                    store.wait_for_change,
+                    m.round_prefix(round_),
+                    after=self._watch_from,
+                    timeout=math.inf,
+                )
+                if await self._before(deadline, wait) is None:
                     return m.DeadlineReached()
                 sealed = await store.get_prefix(m.result_key(round_))
                 found = sealed.items.get(m.result_key(round_))
@@ -312,26 +319,19 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     async def _await_result(self, round_: int, deadline: float) -> m.Event:
         assert self._store is not None
-        key = m.result_key(round_)
-        snapshot = await self._store.get_prefix(key)
-        while key not in snapshot.items:
-            if not await self._wait_change(key, snapshot.revision, deadline):
-                return m.DeadlineReached()
-            snapshot = await self._store.get_prefix(key)
-        return m.ResultSeen(snapshot.items[key])
+        get = functools.partial(self._store.get, m.result_key(round_), timeout=math.inf)
+        value = await self._before(deadline, get)
+        return m.DeadlineReached() if value is None else m.ResultSeen(value)
 
-    async def _wait_change(self, prefix: str, after: int, deadline: float) -> bool:
-        """Wait for a change under ``prefix`` after revision ``after``; False at ``deadline``."""
-        assert self._store is not None
-        wait = functools.partial(self._store.wait_for_change, prefix, after=after, timeout=math.inf)
+    async def _before(self, deadline: float, call: Callable[[], Awaitable[T]]) -> T | None:
+        """Return what ``call()`` returns, or None if ``deadline`` (on the clock) comes first."""
         if deadline == math.inf:
-            await wait()
-            return True
+            return await call()
         if isinstance(self._clock, MonotonicClock):
-            with anyio.CancelScope(deadline=deadline) as scope:
-                await wait()
-            return not scope.cancelled_caught
-        changed = False
+            with anyio.CancelScope(deadline=deadline):
+                return await call()
+            return None
+        outcome: T | None = None
         async with anyio.create_task_group() as tg:
 
             async def alarm() -> None:
@@ -339,10 +339,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 tg.cancel_scope.cancel()
 
             tg.start_soon(alarm)
-            await wait()
-            changed = True
+            outcome = await call()
             tg.cancel_scope.cancel()
-        return changed
+        return outcome
 
     async def _abandon(self, machine: m.JoinMachine) -> None:
         """Best effort after a failed or cancelled join: withdraw the join record."""
@@ -443,6 +442,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         """Return once the next round's keys say this round is over (and say so)."""
         assert self._store is not None
         prefix = m.round_prefix(result.round + 1)
+        await self._store.wait([m.count_key(result.round + 1)], timeout=math.inf)
         snapshot = await self._store.get_prefix(prefix)
         while (verdict := m.assess_inbox(result.members, result.round, snapshot.items)) is None:
             await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
@@ -457,4 +457,10 @@ class ElasticRendezvousHandler(RendezvousHandler):
         while key in snapshot.items:
             await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
             snapshot = await self._store.get_prefix(prefix)
-        await self._store.set(m.lost_key(result.round + 1, successor), b"heartbeat expired")
+        await self._report_lost(result.round + 1, successor, "heartbeat expired")
+
+    async def _report_lost(self, inbox: int, node: int, why: str) -> None:
+        """Report ``node`` gone in the inbox round ``inbox`` and ring its doorbell."""
+        assert self._store is not None
+        await self._store.set(m.lost_key(inbox, node), why)
+        await self._store.add(m.count_key(inbox), 0)

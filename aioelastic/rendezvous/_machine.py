@@ -62,6 +62,9 @@ def join_key(round_: int, node: int) -> str:
 
 
 def count_key(round_: int) -> str:
+    """The arrival counter of a round; it doubles as the doorbell of that round's inbox:
+    whoever reports a loss or closes the run there adds 0 to it, so the members of the round
+    before wait for one key to appear instead of re-reading a prefix."""
     return f"round/{round_}/count"
 
 
