@@ -1,5 +1,22 @@
-"""A public test kit: a manual clock today; in-memory clusters and fault injection as they land."""
+"""The public test kit: a manual clock, many rendezvous nodes in one loop, fault injection.
+
+```python
+async with RendezvousCluster(3, min_nodes=2) as cluster:
+    infos = await cluster.rendezvous()
+    await cluster.crash(cluster.nodes[2])
+```
+"""
 
 from aioelastic.testing._clock import ManualClock
+from aioelastic.testing._cluster import DEFAULT_CONFIG, Node, RendezvousCluster
+from aioelastic.testing._faults import FaultyStore, FaultyStoreStatistics, Stall
 
-__all__ = ["ManualClock"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "FaultyStore",
+    "FaultyStoreStatistics",
+    "ManualClock",
+    "Node",
+    "RendezvousCluster",
+    "Stall",
+]
