@@ -723,3 +723,12 @@ async def test_far_future_deadline_does_not_stall_the_server(
         arm(fifo, worker.pid, "due", time.time() - 1, signal=0)
         [expired] = await recorder.wait_count(TimerExpired, 1)
     assert expired.scope_id == "due"
+
+
+async def test_one_server_serves_once_at_a_time(
+    fifo: str, recorder: Recorder, clock: ManualClock
+) -> None:
+    """Starting a server that is already serving is refused with a clear error."""
+    async with server_for(fifo, recorder, clock) as server:
+        with pytest.raises(RuntimeError, match="FileTimerServer is already serving"):
+            await server.serve()
