@@ -1,0 +1,33 @@
+"""The rendezvous examples run and print what their docstrings promise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_memory_example_re_forms_the_round_with_the_late_node() -> None:
+    """rendezvous_memory.py: 3 nodes, then 4 after the late node invalidates the round."""
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "rendezvous_memory.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,  # generous: the example needs well under a second
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert sorted(line for line in lines if line.endswith("of 3")) == [
+        "a: rank 0 of 3",
+        "b: rank 1 of 3",
+        "c: rank 2 of 3",
+    ]
+    assert "a: NODES_WAITING: 1 node(s) are waiting to join round 2" in lines
+    assert sorted(line for line in lines if line.endswith("of 4")) == [
+        "a: rank 0 of 4",
+        "b: rank 1 of 4",
+        "c: rank 2 of 4",
+        "d: rank 3 of 4",
+    ]
