@@ -34,8 +34,8 @@ from aioelastic.timer._events import (
     TimerReleased,
     TimerServerStatistics,
 )
-from aioelastic.timer._file import FileTimerServer
 from aioelastic.timer._file_client import FileTimerClient
+from aioelastic.timer._file_server import FileTimerServer
 from aioelastic.timer._heap import DeadlineHeap, Timer
 from aioelastic.timer._local import LocalTimerClient, LocalTimerServer
 from aioelastic.timer._policy import WatchPolicy
