@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import math
 import os
 import signal
@@ -61,10 +62,19 @@ from aioelastic.agent._logs import console_writer, line_prefix, open_stream, pla
 from aioelastic.agent._process import WorkerProcess
 from aioelastic.agent._report import WorkerFailure, read_error_file, signal_name
 from aioelastic.agent._spec import WorkerSpec
+from aioelastic.rendezvous import (
+    InvalidationReason,
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousInfo,
+)
+from aioelastic.store import StoreError
 
 if TYPE_CHECKING:
-    from aioelastic.rendezvous import RendezvousInfo
     from aioelastic.timer import TimerEvent
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -338,12 +348,6 @@ class ElasticAgent:
     # -- the loop ---------------------------------------------------------------------------
 
     async def _supervise(self) -> RunResult:
-        from aioelastic.rendezvous import (
-            RendezvousClosedError,
-            RendezvousError,
-            RendezvousGracefulExitError,
-        )
-
         handler = self.spec.rdzv_handler
         while True:
             try:
@@ -428,27 +432,32 @@ class ElasticAgent:
         return round_info, ranks
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
-        """Wait (bounded) until every node's workers succeeded, then close the finished job."""
+        """Wait (bounded) until every node's workers succeeded; the last to finish closes the job.
+
+        The last node closes the rendezvous *before* announcing the end, and nobody touches
+        the store after the announcement: the node hosting the store may leave at once.
+        """
         handler = self.spec.rdzv_handler
-        if info.world_size > 1:
-            done = f"{_STORE_PREFIX}exit/done"
-            with anyio.move_on_after(self.spec.exit_barrier_timeout) as scope:
-                if await info.store.add(f"{_STORE_PREFIX}exit/count", 1) >= info.world_size:
-                    await info.store.set(done, b"1")
+        if info.world_size == 1:
+            await handler.set_closed()
+            return
+        done = f"{_STORE_PREFIX}exit/done"
 
-                async def everyone_done() -> bool:
-                    await info.store.wait([done], timeout=math.inf)
-                    return True
+        async def everyone_done() -> None:
+            if await info.store.add(f"{_STORE_PREFIX}exit/count", 1) >= info.world_size:
+                await handler.set_closed()
+                await info.store.set(done, b"1")
+            else:
+                await info.store.wait([done], timeout=math.inf)
 
-                async def round_broken() -> bool:
-                    await handler.wait_round_invalidated()
-                    return False
+        async def round_broken() -> None:
+            await handler.wait_round_invalidated()  # a node left: stop waiting for it
 
-                if not await first_of(everyone_done, round_broken):
-                    return
-            if scope.cancelled_caught:
-                return
-        await handler.set_closed()
+        with anyio.move_on_after(self.spec.exit_barrier_timeout):
+            try:
+                await first_of(everyone_done, round_broken)
+            except (StoreError, RendezvousError) as exc:  # our workers succeeded regardless
+                logger.warning("exit barrier of run %r cut short: %s", self._run_id, exc)
 
     # -- one attempt ------------------------------------------------------------------------
 
@@ -564,8 +573,6 @@ class ElasticAgent:
         raise AssertionError("the notice stream closed while workers were running")
 
     async def _wait_round_invalidated(self) -> tuple[_Outcome, str]:
-        from aioelastic.rendezvous import InvalidationReason
-
         event = await self.spec.rdzv_handler.wait_round_invalidated()
         if event.reason is InvalidationReason.CLOSED:
             return _Outcome.CLOSED, f"the rendezvous was closed: {event.detail}"

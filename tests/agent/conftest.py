@@ -108,12 +108,10 @@ async def _copy(stream: anyio.abc.ByteReceiveStream | None, console: Console) ->
 
 
 @contextlib.asynccontextmanager
-async def launched(*argv: str, env: dict[str, str] | None = None) -> AsyncIterator[Launched]:
-    """Run ``aioelastic run ARGV`` for the block; kill it at the end if it still runs."""
+async def launched(*argv: str, command: str = "run") -> AsyncIterator[Launched]:
+    """Run ``aioelastic COMMAND ARGV`` for the block; kill it at the end if it still runs."""
     process = await anyio.open_process(
-        [sys.executable, "-m", "aioelastic", "run", *argv],
-        env={**os.environ, **(env or {})},
-        stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "aioelastic", command, *argv], stdin=subprocess.DEVNULL
     )
     run = Launched(process)
     async with anyio.create_task_group() as tg:

@@ -92,7 +92,7 @@ def c10d_argv(port: int, nnodes: str, *extra: str) -> list[str]:
         "--rdzv-id",
         "elastic-test",
         "--rdzv-conf",
-        "last_call_timeout=0.5,heartbeat_timeout=3,keep_alive_interval=0.5",
+        "last_call_timeout=0.5,heartbeat_timeout=3,keep_alive_interval=0.5,close_timeout=2",
         *extra,
     ]
 
@@ -114,10 +114,15 @@ async def test_a_third_agent_joining_restarts_everyone_with_the_larger_world() -
 
 
 async def test_survivors_re_rendezvous_when_an_agent_is_killed(tmp_path: Path) -> None:
-    """Node loss: one of three agents is SIGKILLed; the other two continue as a 2-node job."""
+    """Node loss: one of three agents is SIGKILLed; the other two continue as a 2-node job.
+
+    The store is served by its own process, as in a deployment where no agent hosts it: an
+    agent hosting the store takes the job down with it when it dies.
+    """
     release = tmp_path / "released"
+    port = free_port()
     argv = [
-        *c10d_argv(free_port(), "2:3"),
+        *c10d_argv(port, "2:3"),
         WORKER,
         "--block-unless-nodes",
         "2",
@@ -125,13 +130,15 @@ async def test_survivors_re_rendezvous_when_an_agent_is_killed(tmp_path: Path) -
         str(release),
     ]
     with anyio.fail_after(BOUND):
-        async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
-            for agent in (a, b, c):
-                await agent.err.wait_for("of 3, world size 3")
-                await agent.out.wait_for("pids")
-            release.touch()
-            c.send_signal(signal.SIGKILL)
-            statuses = [await a.wait(), await b.wait()]
+        async with launched("--port", str(port), command="store-server") as store:
+            await store.out.wait_for("listening")
+            async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+                for agent in (a, b, c):
+                    await agent.err.wait_for("of 3, world size 3")
+                    await agent.out.wait_for("pids")
+                release.touch()
+                c.send_signal(signal.SIGKILL)
+                statuses = [await a.wait(), await b.wait()]
         for pid in pids_in(c.out.text):
             await wait_gone(pid)  # the killed agent's worker died with it
     assert statuses == [0, 0], (a, b)
