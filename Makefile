@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# One worker hangs once under a watchdog timer, is reaped, and the restarted group finishes.
 demo: $(STAMP)
-	$(BIN)/python examples/demo.py
+	$(BIN)/aioelastic run --standalone --nproc-per-node 4 --max-restarts 1 examples/agent_watchdog.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
