@@ -1,4 +1,5 @@
-"""The public test kit: a manual clock, many rendezvous nodes in one loop, fault injection.
+"""The public test kit: a manual clock, many rendezvous nodes in one loop, fault injection,
+and an event recorder.
 
 ```python
 async with RendezvousCluster(3, min_nodes=2) as cluster:
@@ -10,9 +11,11 @@ async with RendezvousCluster(3, min_nodes=2) as cluster:
 from aioelastic.testing._clock import ManualClock
 from aioelastic.testing._cluster import DEFAULT_CONFIG, Node, RendezvousCluster
 from aioelastic.testing._faults import FaultyStore, FaultyStoreStatistics, Stall
+from aioelastic.testing._recorder import EventRecorder
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "EventRecorder",
     "FaultyStore",
     "FaultyStoreStatistics",
     "ManualClock",

@@ -9,6 +9,7 @@ def test_testing_kit_exports_its_names() -> None:
     """aioelastic.testing exports the clock, the cluster and the fault injectors, and they exist."""
     expected = {
         "DEFAULT_CONFIG",
+        "EventRecorder",
         "FaultyStore",
         "FaultyStoreStatistics",
         "ManualClock",

@@ -1,0 +1,45 @@
+"""A subscriber that keeps every event record, so tests assert on events instead of log text."""
+
+from __future__ import annotations
+
+import anyio
+
+from aioelastic.events import EventRecord
+
+
+class EventRecorder:
+    """Subscribe it to an :class:`~aioelastic.events.EventStream`; wait for and inspect records.
+
+    ```python
+    recorder = EventRecorder()
+    stream.subscribe(recorder)
+    await recorder.wait_for("WorkerFailed")
+    assert recorder.kinds() == ["RendezvousCompleted", "WorkersStarted", "WorkerFailed"]
+    ```
+    """
+
+    def __init__(self) -> None:
+        self.records: list[EventRecord] = []
+        self._changed = anyio.Event()
+
+    def __repr__(self) -> str:
+        return f"EventRecorder({len(self.records)} records)"
+
+    def __call__(self, record: EventRecord) -> None:
+        self.records.append(record)
+        self._changed.set()
+
+    def kinds(self, source: str | None = None) -> list[str]:
+        """The kinds recorded so far (only from ``source`` if given), in order."""
+        return [r.kind for r in self.records if source is None or r.source == source]
+
+    def of(self, kind: str) -> list[EventRecord]:
+        """The records of ``kind``, in order."""
+        return [r for r in self.records if r.kind == kind]
+
+    async def wait_for(self, kind: str, count: int = 1) -> EventRecord:
+        """Return the ``count``-th record of ``kind``, waiting until it arrives."""
+        while len(found := self.of(kind)) < count:
+            self._changed = anyio.Event()
+            await self._changed.wait()
+        return found[count - 1]
