@@ -273,15 +273,22 @@ class FileTimerServer(TimerServerBase):
     # -- reaping --------------------------------------------------------------------------
 
     def _on_expired(self, timer: Timer, expired: TimerExpired) -> None:
-        if timer.signal > 0:
-            # Like PyTorch: a reaped process's other timers go with it.
-            self._heap.release_pid(timer.pid)
-            self._spawn(self._reap, timer, expired)
-
-    async def _reap(self, timer: Timer, expired: TimerExpired) -> None:
+        if timer.signal <= 0:
+            return
+        # Like PyTorch: a reaped process's other timers go with it.
+        self._heap.release_pid(timer.pid)
         process = self._processes.get(timer.pid)
         if process is None:
             return
+        if self._before_reap is None and self._kill_grace is None:
+            # Nothing to wait for: signal in the same loop step that saw the expiry.
+            if self._send(process, timer.signal):
+                self._reaped_event(timer, timer.signal, escalated=False)
+        else:
+            self._spawn(self._reap, process, timer, expired)
+
+    async def _reap(self, process: _Process, timer: Timer, expired: TimerExpired) -> None:
+        """Reap with a hook and/or a SIGTERM grace period, which take time."""
         if self._before_reap is not None:
             hook = self._before_reap
 
