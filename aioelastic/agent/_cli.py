@@ -9,6 +9,7 @@ line is known to be good, which keeps a trivial job fast.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -77,13 +79,15 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
 
 
 def _non_negative(kind: Callable[[str], int | float]) -> Callable[[str], Any]:
+    """A parser of finite numbers >= 0 of type ``kind``."""
+
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value != value or value < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
         return value
 
     parse.__name__ = kind.__name__
@@ -327,6 +331,13 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     else:
         entrypoint = os.environ.get("PYTHON_EXEC", sys.executable)
         prefix_args = ["-u", *(["-m"] if args.module else []), args.training_script]
+    if args.log_dir is not None:
+        try:
+            Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FlagError(
+                f"--log-dir {args.log_dir!r} is not a usable directory: {exc.strerror}"
+            ) from None
     logs = LogSpec(
         log_dir=args.log_dir,
         redirects=args.redirects,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,7 +81,8 @@ def test_pet_environment_variables_set_defaults(monkeypatch: pytest.MonkeyPatch)
         (["--nproc-per-node", "0"], "argument --nproc-per-node/--nproc_per_node: must be >= 1"),
         (["--nproc-per-node", "many"], "expected a positive integer, cpu, gpu or auto"),
         (["--rdzv-conf", "join_timeout"], "argument --rdzv-conf/--rdzv_conf: expected key=value"),
-        (["--max-restarts", "-1"], "argument --max-restarts/--max_restarts: must be >= 0"),
+        (["--max-restarts", "-1"], "argument --max-restarts/--max_restarts: must be a finite"),
+        (["--shutdown-timeout", "inf"], "must be a finite number >= 0, got 'inf'"),
         (["--redirects", "7"], "is not a stream selector"),
         (["--local-ranks-filter", "a,b"], "expected comma-separated integers"),
         (["--signals-to-handle", "SIGNOPE"], "'SIGNOPE' is not a signal name"),
@@ -141,3 +143,13 @@ def test_nproc_cpu_counts_processors() -> None:
     assert config_from_args(parse("--nproc-per-node", "cpu", "t.py")).nproc_per_node == (
         os.cpu_count()
     )
+
+
+@pytest.mark.parametrize("kind", ["file", "under-a-file"])
+def test_unusable_log_dir_is_refused_naming_the_flag(kind: str, tmp_path: Path) -> None:
+    """A --log-dir that is a file, or cannot be created, is refused before anything starts."""
+    blocker = tmp_path / "plain-file"
+    blocker.write_text("not a directory")
+    log_dir = blocker if kind == "file" else blocker / "logs"
+    with pytest.raises(FlagError, match=r"--log-dir '.*' is not a usable directory"):
+        config_from_args(parse("--log-dir", str(log_dir), "t.py"))
