@@ -28,6 +28,7 @@ from aioelastic.timer import (
     TimerReleased,
     TimerRequest,
     WatchPolicy,
+    encode_request,
 )
 
 from .conftest import Recorder, Spawn, arm, read_line, wait_exit, write_raw
@@ -348,8 +349,6 @@ async def test_ten_thousand_timers_expire_in_deadline_order(
         for i in range(count)
     ]
     async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
-        from aioelastic.timer import encode_request
-
         for start in range(0, count, 40):
             write_raw(fifo, b"".join(encode_request(r) for r in lines[start : start + 40]))
             if start % 2000 == 0:  # let the server drain the pipe now and then
@@ -582,8 +581,6 @@ async def test_bad_lines_cost_only_themselves(
     fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
     """Bad lines in one write are dropped and counted by reason; good lines around them apply."""
-    from aioelastic.timer import encode_request
-
     worker = spawn()
     good = [encode_request(TimerRequest(worker.pid, f"s{i}", wall() + 60, 0)) for i in range(3)]
     bad = [
