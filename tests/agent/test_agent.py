@@ -32,9 +32,11 @@ from tests.agent.conftest import BOUND, Console, pids_in, python_worker, wait_go
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio")])
+@pytest.fixture(
+    params=[pytest.param(("asyncio", {}), id="asyncio"), pytest.param(("trio", {}), id="trio")]
+)
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    """Agent tests start real processes: one loop keeps them fast (the CLI tests cover uvloop)."""
+    """The agent embeds in asyncio and trio programs (the launcher tests cover uvloop)."""
     return request.param
 
 

@@ -79,6 +79,28 @@ async def test_unknown_backend_fails_at_once_naming_it() -> None:
     assert "nosuch" in run.err.text
 
 
+async def test_static_rendezvous_across_two_agents() -> None:
+    """Two agents with the static backend (node ranks 0 and 1) run one 4-worker job."""
+    port = free_port()
+
+    def argv(node_rank: int) -> list[str]:
+        return [
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            f"--node-rank={node_rank}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            WORKER,
+        ]
+
+    with anyio.fail_after(BOUND):
+        async with launched(*argv(0)) as first, launched(*argv(1)) as second:
+            statuses = [await first.wait(), await second.wait()]
+    assert statuses == [0, 0], (first, second)
+    assert "[1]: done rank=1 attempt=0 nodes=2" in first.out.text
+    assert "[3]: done rank=3 attempt=0 nodes=2" in second.out.text
+
+
 def c10d_argv(port: int, nnodes: str, *extra: str) -> list[str]:
     return [
         "--nnodes",
