@@ -17,6 +17,7 @@ from aioelastic.events._jsonl import (
     to_data,
 )
 from aioelastic.events._logging import WARNING_KINDS, LoggingSubscriber
+from aioelastic.events._observe import observe
 from aioelastic.events._stream import (
     Emitter,
     EventRecord,
@@ -38,6 +39,7 @@ __all__ = [
     "Subscriber",
     "decode_line",
     "encode_record",
+    "observe",
     "read_event_log",
     "to_data",
 ]

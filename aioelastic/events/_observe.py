@@ -1,0 +1,56 @@
+"""Wire a running job's components to the standard subscribers in one ``async with``.
+
+``aioelastic run`` calls :func:`observe` with its agent, an optional ``--events-file`` and an
+optional ``--metrics-port``; embedding programs can do the same with their own components.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+
+from aioelastic.events._jsonl import JsonLinesWriter
+from aioelastic.events._logging import LoggingSubscriber
+from aioelastic.events._stream import Emitter, EventStream
+
+logger = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def observe(
+    components: Mapping[str, Emitter],
+    *,
+    events_file: str | os.PathLike[str] | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "0.0.0.0",
+    node: str | None = None,
+) -> AsyncIterator[EventStream]:
+    """Gather ``components`` (source name -> component) into one stream while the block runs.
+
+    Every record is logged at DEBUG on ``aioelastic.events`` (WARNING for failures); with
+    ``events_file`` it is appended there as a JSON line; with ``metrics_port`` Prometheus
+    metrics are served on that port (0 picks a free one; see the log for which).
+    """
+    stream = EventStream(node=node)
+    stream.subscribe(LoggingSubscriber(level=logging.DEBUG))
+    async with AsyncExitStack() as stack:
+        if events_file is not None:
+            writer = stack.enter_context(JsonLinesWriter(events_file))
+            stream.subscribe(writer)
+        if metrics_port is not None:
+            from aioelastic.metrics import PrometheusMetrics, metrics_listener, serve_metrics
+
+            metrics = PrometheusMetrics()
+            listener = await metrics_listener(metrics_port, metrics_host)
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            port = await tg.start(serve_metrics, metrics, listener)
+            stream.subscribe(metrics)
+            logger.info("serving Prometheus metrics on %s:%d/metrics", metrics_host, port)
+        for source, component in components.items():
+            stack.callback(stream.attach(component, source))
+        yield stream

@@ -1,0 +1,203 @@
+"""Prometheus metrics fed by the event stream, served over HTTP from the event loop.
+
+:class:`PrometheusMetrics` is an event-stream subscriber that updates counters, gauges and a
+histogram in its own registry; :func:`serve_metrics` answers scrapes on a TCP port with an
+anyio listener (no thread). Needs the optional extra ``aioelastic[metrics]``
+(``prometheus-client``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import Listener, SocketAttribute, SocketStream, TaskStatus
+
+from aioelastic.events import EventRecord
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+WAIT_STARTS = frozenset({"GroupRestarting", "MembershipChanged"})
+"""Event kinds after which an agent is back in rendezvous (the duration histogram's start)."""
+
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+"""Rendezvous duration buckets, in seconds."""
+
+_REQUEST_LIMIT = 16384
+"""Bytes of a scrape request read at most (the request line and headers)."""
+
+
+class MetricsUnavailableError(ImportError):
+    """prometheus-client is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Prometheus metrics need prometheus-client: pip install 'aioelastic[metrics]'"
+        )
+
+
+class MetricsPortError(OSError):
+    """The metrics port could not be bound."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        super().__init__(
+            f"cannot serve metrics on {host}:{port}: {reason}; choose another --metrics-port "
+            "(0 picks a free one)"
+        )
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise MetricsUnavailableError() from None
+    return prometheus_client
+
+
+class PrometheusMetrics:
+    """A subscriber keeping the job's metrics in ``registry`` (a new one by default).
+
+    Metrics: ``aioelastic_restarts_total``, ``aioelastic_worker_failures_total``,
+    ``aioelastic_watchdog_reaps_total``, ``aioelastic_membership_changes_total``,
+    ``aioelastic_rendezvous_rounds_total``, ``aioelastic_rendezvous_duration_seconds``
+    (histogram: from the start or a restart to the round's completion),
+    ``aioelastic_world_size``, ``aioelastic_rendezvous_waiting_nodes`` (set with
+    :meth:`set_waiting_nodes`), ``aioelastic_active_timers`` (timer events seen) and
+    ``aioelastic_events_total`` by source and kind.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, start: float | None = None
+    ) -> None:
+        prom = _client()
+        self.registry: CollectorRegistry = (
+            registry if registry is not None else prom.CollectorRegistry()
+        )
+        reg = self.registry
+        self.restarts = prom.Counter("aioelastic_restarts", "Worker group restarts", registry=reg)
+        self.worker_failures = prom.Counter(
+            "aioelastic_worker_failures", "Workers that failed", registry=reg
+        )
+        self.reaps = prom.Counter(
+            "aioelastic_watchdog_reaps", "Workers signalled by the watchdog", registry=reg
+        )
+        self.membership_changes = prom.Counter(
+            "aioelastic_membership_changes",
+            "Rounds invalidated by a node joining or leaving",
+            registry=reg,
+        )
+        self.rounds = prom.Counter(
+            "aioelastic_rendezvous_rounds", "Rendezvous rounds completed", registry=reg
+        )
+        self.rendezvous_duration = prom.Histogram(
+            "aioelastic_rendezvous_duration_seconds",
+            "Seconds from (re)starting the rendezvous to the round's completion",
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self.world_size = prom.Gauge(
+            "aioelastic_world_size", "Workers in the current round (0 before one)", registry=reg
+        )
+        self.waiting_nodes = prom.Gauge(
+            "aioelastic_rendezvous_waiting_nodes", "Nodes waiting to join", registry=reg
+        )
+        self.active_timers = prom.Gauge(
+            "aioelastic_active_timers", "Watchdog timers armed now", registry=reg
+        )
+        self.events = prom.Counter(
+            "aioelastic_events", "Events by source and kind", ["source", "kind"], registry=reg
+        )
+        self._waiting_since = start
+        self._timers: set[tuple[int, str]] = set()
+
+    def __repr__(self) -> str:
+        return f"PrometheusMetrics({self.registry!r})"
+
+    def set_waiting_nodes(self, count: int) -> None:
+        """Record how many nodes wait to join (sampled by whoever can ask the rendezvous)."""
+        self.waiting_nodes.set(count)
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus' text format."""
+        data: bytes = _client().generate_latest(self.registry)
+        return data
+
+    def __call__(self, record: EventRecord) -> None:
+        kind, event = record.kind, record.event
+        self.events.labels(record.source, kind).inc()
+        if self._waiting_since is None:
+            self._waiting_since = record.time
+        match kind:
+            case "RendezvousCompleted":
+                self.rounds.inc()
+                self.world_size.set(event.world_size)
+                self.rendezvous_duration.observe(max(0.0, record.time - self._waiting_since))
+            case "GroupRestarting":
+                self.restarts.inc()
+            case "WorkerFailed":
+                self.worker_failures.inc()
+            case "WorkerReaped":
+                self.reaps.inc()
+            case "MembershipChanged":
+                self.membership_changes.inc()
+            case "TimerAcquired":
+                self._timers.add((event.pid, event.scope_id))
+            case "TimerReleased" | "TimerExpired":
+                self._timers.discard((event.pid, event.scope_id))
+            case "ProcessExited":
+                self._timers = {t for t in self._timers if t[0] != event.pid}
+        if kind in WAIT_STARTS:
+            self._waiting_since = record.time
+        self.active_timers.set(len(self._timers))
+
+
+async def metrics_listener(port: int, host: str = "0.0.0.0") -> Listener[SocketStream]:
+    """Bind the metrics port; raise :class:`MetricsPortError` saying why it could not be."""
+    try:
+        return await anyio.create_tcp_listener(local_host=host, local_port=port)
+    except OSError as error:
+        raise MetricsPortError(host, port, error.strerror or str(error)) from None
+
+
+async def serve_metrics(
+    metrics: PrometheusMetrics,
+    listener: Listener[SocketStream],
+    *,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Answer Prometheus scrapes on ``listener`` until cancelled; ``started`` gets the port."""
+    async with listener:
+        task_status.started(int(listener.extra(SocketAttribute.local_port)))
+
+        async def answer(stream: SocketStream) -> None:
+            async with stream:
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                    await stream.send(response(await read_request(stream), metrics))
+
+        await listener.serve(answer)
+
+
+async def read_request(stream: SocketStream) -> bytes:
+    """Read a request's line and headers (a slow or huge request gets what arrived)."""
+    request = b""
+    with anyio.move_on_after(10):
+        while b"\r\n\r\n" not in request and len(request) < _REQUEST_LIMIT:
+            request += await stream.receive()
+    return request
+
+
+def response(request: bytes, metrics: PrometheusMetrics) -> bytes:
+    """The HTTP response to ``request``: the metrics for ``GET /metrics`` (or ``/``), else 404."""
+    method, _, rest = request.partition(b" ")
+    path = rest.partition(b" ")[0].partition(b"?")[0]
+    if method == b"GET" and path in (b"/", b"/metrics"):
+        body, status, kind = metrics.exposition(), "200 OK", _client().CONTENT_TYPE_LATEST
+    else:
+        body, status, kind = b"not found: scrape /metrics\n", "404 Not Found", "text/plain"
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body

@@ -1,0 +1,134 @@
+"""Prometheus metrics from the event stream, served over HTTP from the event loop."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aioelastic.agent._events import (
+    GroupRestarting,
+    MembershipChanged,
+    RendezvousCompleted,
+    WorkerReaped,
+)
+from aioelastic.events import EventRecord, observe, read_event_log
+from aioelastic.metrics import (
+    MetricsPortError,
+    PrometheusMetrics,
+    metrics_listener,
+    serve_metrics,
+)
+from aioelastic.timer import ProcessExited, TimerAcquired, TimerReleased
+
+pytest.importorskip("prometheus_client", reason="needs the metrics extra (prometheus-client)")
+
+pytestmark = pytest.mark.anyio
+
+
+def completed(world_size: int) -> RendezvousCompleted:
+    return RendezvousCompleted(0, 1, world_size, "127.0.0.1", 29500)
+
+
+def feed(metrics: PrometheusMetrics, *timed_events: tuple[float, object]) -> None:
+    for when, event in timed_events:
+        metrics(EventRecord(when, "n", "agent", event))
+
+
+def value(metrics: PrometheusMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_agent_events_drive_counters_gauges_and_the_duration_histogram() -> None:
+    """Restarts, reaps, rounds, world size and rendezvous durations follow the events."""
+    metrics = PrometheusMetrics(start=100.0)
+    feed(
+        metrics,
+        (102.0, completed(4)),
+        (110.0, WorkerReaped(0, 0, 7, "step", 9)),
+        (110.5, GroupRestarting(1, 3)),
+        (111.0, completed(4)),
+        (120.0, MembershipChanged("NODES_WAITING", "node 3 waits")),
+        (125.0, completed(6)),
+    )
+    assert value(metrics, "aioelastic_rendezvous_rounds_total") == 3
+    assert value(metrics, "aioelastic_restarts_total") == 1
+    assert value(metrics, "aioelastic_watchdog_reaps_total") == 1
+    assert value(metrics, "aioelastic_membership_changes_total") == 1
+    assert value(metrics, "aioelastic_world_size") == 6
+    assert value(metrics, "aioelastic_rendezvous_duration_seconds_sum") == 2.0 + 0.5 + 5.0
+    assert value(metrics, "aioelastic_rendezvous_duration_seconds_count") == 3
+    assert value(metrics, "aioelastic_events_total", source="agent", kind="WorkerReaped") == 1
+
+
+def test_active_timers_count_armed_scopes_until_released_or_their_process_exits() -> None:
+    """The active-timers gauge counts distinct (pid, scope) pairs that are armed."""
+    metrics = PrometheusMetrics(start=0.0)
+    feed(
+        metrics,
+        (1.0, TimerAcquired(10, "a", 5.0, 5.0, 9)),
+        (1.0, TimerAcquired(10, "a", 6.0, 6.0, 9)),
+        (1.0, TimerAcquired(11, "b", 5.0, 5.0, 9)),
+        (1.0, TimerAcquired(11, "c", 5.0, 5.0, 9)),
+    )
+    assert value(metrics, "aioelastic_active_timers") == 3
+    feed(metrics, (2.0, TimerReleased(10, "a")), (3.0, ProcessExited(11, ("b", "c"))))
+    assert value(metrics, "aioelastic_active_timers") == 0
+
+
+async def test_the_metrics_endpoint_answers_a_scrape() -> None:
+    """GET /metrics returns the exposition; another path is a 404."""
+    metrics = PrometheusMetrics(start=0.0)
+    feed(metrics, (1.0, completed(3)))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_metrics, metrics, await metrics_listener(0, "127.0.0.1"))
+        replies = []
+        for path in ("/metrics", "/nope"):
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                await stream.send(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                reply = b""
+                with anyio.fail_after(10):  # generous: a local reply
+                    while True:
+                        try:
+                            reply += await stream.receive()
+                        except anyio.EndOfStream:
+                            break
+                replies.append(reply.decode())
+        tg.cancel_scope.cancel()
+    assert replies[0].startswith("HTTP/1.1 200 OK")
+    assert "aioelastic_world_size 3.0" in replies[0]
+    assert replies[1].startswith("HTTP/1.1 404")
+
+
+async def test_a_port_in_use_is_a_clear_error() -> None:
+    """Binding a busy metrics port says which port and what to do."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(MetricsPortError, match=f"127.0.0.1:{port}.*another --metrics-port"):
+            await metrics_listener(port, "127.0.0.1")
+
+
+async def test_observe_writes_the_events_of_attached_components(tmp_path: Path) -> None:
+    """observe() attaches components for the block only, writing their events to the file."""
+
+    class Component:
+        def __init__(self) -> None:
+            self.callbacks: list[object] = []
+
+        def subscribe(self, callback: object) -> object:
+            self.callbacks.append(callback)
+            return lambda: self.callbacks.remove(callback)
+
+    component = Component()
+    path = tmp_path / "events.jsonl"
+    async with observe({"agent": component}, events_file=path, metrics_port=0, node="n"):
+        (callback,) = component.callbacks
+        callback(completed(2))  # type: ignore[operator]
+    assert component.callbacks == []
+    assert [(e.node, e.source, e.kind) for e in read_event_log(path)] == [
+        ("n", "agent", "RendezvousCompleted")
+    ]
