@@ -13,10 +13,12 @@ import pytest
 
 from aioelastic.agent import (
     AgentEvent,
+    AgentStatistics,
     ElasticAgent,
     GroupRestarting,
     LogSpec,
     MembershipChanged,
+    RunResult,
     RunState,
     Std,
     WorkerFailed,
@@ -254,3 +256,62 @@ async def test_a_joining_node_re_rendezvouses_without_costing_a_restart(tmp_path
     finished = [e for e in records(tmp_path) if e["GROUP_WORLD_SIZE"] == "2"]
     assert sorted(e["RANK"] for e in finished) == ["0", "1"]
     assert {e["WORLD_SIZE"] for e in finished} == {"2"}
+
+
+async def test_restarts_exhausted_on_one_node_stops_the_others() -> None:
+    """A node out of restarts closes the rendezvous; the other node stops its workers and fails."""
+    store = MemoryStore()
+
+    def params() -> RendezvousParameters:
+        return RendezvousParameters("memory", "closing", "job", 2, 2, store=store)
+
+    results: dict[str, RunResult] = {}
+    with anyio.fail_after(BOUND):
+        async with (
+            get_rendezvous_handler(params()) as one,
+            get_rendezvous_handler(params()) as two,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def run(name: str, handler: RendezvousHandler) -> None:
+                worker = ("--fail-rank", "0", "--fail-attempts", "9", "--block-unless-nodes", "3")
+                spec = spec_for(handler, *worker, local_world_size=1, max_restarts=0)
+                agent = ElasticAgent(spec, stdout=Console(), stderr=Console())
+                results[name] = await agent.run()
+
+            tg.start_soon(run, "one", one)
+            tg.start_soon(run, "two", two)
+    failing = next(r for r in results.values() if r.failures)
+    other = next(r for r in results.values() if not r.failures)
+    assert (failing.state, failing.reason) == (RunState.FAILED, "restarts exhausted (0 allowed)")
+    assert other.state is RunState.FAILED
+    assert other.reason.startswith("the rendezvous was closed")
+    assert other.returncodes == {0: -signal.SIGTERM}
+
+
+async def test_statistics_count_rounds_restarts_and_failures(handler: Any) -> None:
+    """statistics() is a snapshot of what the run did."""
+    spec = spec_for(handler, "--fail-rank", "1", max_restarts=2)
+    agent = ElasticAgent(spec, stdout=Console(), stderr=Console())
+    with anyio.fail_after(BOUND):
+        await agent.run()
+    assert agent.statistics() == AgentStatistics(
+        state="succeeded",
+        rendezvous_rounds=2,
+        restart_count=1,
+        membership_changes=0,
+        workers_started=4,
+        worker_failures=1,
+        reaps=0,
+    )
+
+
+async def test_tee_writes_the_console_and_the_file(handler: Any, tmp_path: Path) -> None:
+    """With tee, a stream reaches the console prefixed and the log file as written."""
+    out = Console()
+    logs = LogSpec(log_dir=str(tmp_path), tee=Std.OUT, local_ranks_filter=frozenset({1}))
+    await run_agent(spec_for(handler, logs=logs, max_restarts=0), stdout=out)
+    run_dir = tmp_path / handler.get_run_id() / "attempt_0"
+    assert "done rank=0 attempt=0" in (run_dir / "0" / "stdout.log").read_text()
+    assert "[1]: done rank=1 attempt=0 nodes=1\n" in out.text
+    assert "rank=0" not in out.text
