@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 SUBCOMMAND_MODULES = (
     "aioelastic.store._cli",
     "aioelastic.agent._cli",
+    "aioelastic._cli_status",
 )
 
 

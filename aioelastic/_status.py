@@ -1,0 +1,101 @@
+"""A job's state as its rendezvous store knows it: pure decoding and a plain-text table.
+
+Reads the elastic rendezvous keys of one run (the layout of :mod:`aioelastic.rendezvous._machine`)
+from a snapshot and says: the last sealed round and its participants (rank, node id, host,
+alive or not), the nodes waiting for the next round, nodes reported lost, and whether the run
+is closed. Liveness is the store's verdict (a node's TTL key exists), never a clock comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aioelastic.rendezvous import _machine as m
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """One node of a round: its id, rank (-1 while waiting), host and liveness."""
+
+    node: int
+    rank: int
+    addr: str
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """The rendezvous state of one run."""
+
+    run_id: str
+    round: int
+    """The last sealed round (0: none yet)."""
+    closed: bool
+    participants: tuple[NodeStatus, ...]
+    waiting: tuple[NodeStatus, ...]
+    lost: Mapping[int, str]
+    """Members of the last round reported gone, with the reason given."""
+    nodes_seen: int
+    """Node ids handed out so far (every handler that ever entered)."""
+
+
+def read_status(run_id: str, items: Mapping[str, bytes]) -> RunStatus:
+    """Decode ``items`` (keys relative to the run's ``rdzv/<run_id>/`` namespace)."""
+    latest = int(items.get(m.LATEST_KEY, b"0"))
+    alive = m.parse_alive(items)
+    result_data = items.get(m.result_key(latest)) if latest else None
+    participants: tuple[NodeStatus, ...] = ()
+    if result_data is not None and result_data != m.CLOSED_RESULT:
+        result = m.RoundResult.decode(latest, result_data)
+        joined = m.parse_records(_under(items, m.join_prefix(latest)))
+        participants = tuple(
+            NodeStatus(node, rank, joined[node].addr if node in joined else "?", node in alive)
+            for rank, node in enumerate(result.members)
+        )
+    upcoming = m.parse_records(_under(items, m.join_prefix(latest + 1)))
+    waiting = tuple(
+        NodeStatus(node, -1, record.addr, node in alive)
+        for node, record in sorted(upcoming.items())
+    )
+    lost_prefix = f"{m.round_prefix(latest + 1)}lost/"
+    lost = {
+        int(key.rsplit("/", 1)[1]): value.decode("utf-8", "replace")
+        for key, value in items.items()
+        if key.startswith(lost_prefix)
+    }
+    return RunStatus(
+        run_id=run_id,
+        round=latest,
+        closed=m.CLOSED_KEY in items,
+        participants=participants,
+        waiting=waiting,
+        lost=lost,
+        nodes_seen=int(items.get(m.NODE_IDS_KEY, b"0")),
+    )
+
+
+def _under(items: Mapping[str, bytes], prefix: str) -> dict[str, bytes]:
+    return {key: value for key, value in items.items() if key.startswith(prefix)}
+
+
+def format_status(status: RunStatus) -> str:
+    """A short human-readable report of ``status``."""
+    state = "closed" if status.closed else "open"
+    lines = [
+        f"run {status.run_id!r}: round {status.round}, {state}, "
+        f"{len(status.participants)} participants, {len(status.waiting)} waiting, "
+        f"{status.nodes_seen} node ids handed out",
+    ]
+    if status.participants or status.waiting:
+        lines.append(f"  {'rank':>4}  {'node':>5}  {'alive':5}  host")
+    for node in status.participants:
+        lost = f"  (reported lost: {status.lost[node.node]})" if node.node in status.lost else ""
+        alive = "yes" if node.alive else "NO"
+        lines.append(f"  {node.rank:>4}  {node.node:>5}  {alive:5}  {node.addr}{lost}")
+    for node in status.waiting:
+        alive = "yes" if node.alive else "NO"
+        lines.append(f"  {'wait':>4}  {node.node:>5}  {alive:5}  {node.addr}")
+    if not status.round and not status.waiting:
+        lines.append("  no node has joined this run yet (check --rdzv-id)")
+    return "\n".join(lines)

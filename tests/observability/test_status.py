@@ -1,0 +1,155 @@
+"""``aioelastic status``: a run's rendezvous state read from a real TCP store and a real etcd."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelastic._cli_status import fetch_status
+from aioelastic._status import NodeStatus, RunStatus, format_status, read_status
+from aioelastic.rendezvous import RendezvousConnectionError, RendezvousParameters
+from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+from aioelastic.rendezvous._parameters import ElasticSettings
+from aioelastic.store import TCPStoreServer
+from aioelastic.testing import ManualClock, RendezvousCluster
+
+pytestmark = pytest.mark.anyio
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_status_over_tcp_shows_participants_and_a_waiting_node() -> None:
+    """After a round of two, a third joiner shows as waiting; ranks and liveness are read."""
+    clock = ManualClock()
+    async with (
+        TCPStoreServer(clock=clock) as server,
+        RendezvousCluster(2, min_nodes=2, max_nodes=3, store=server.store, clock=clock) as c,
+    ):
+        await c.rendezvous()
+        late = await c.add_node()
+        await c.start_join([late])
+        await anyio.wait_all_tasks_blocked()
+        status = await fetch_status("c10d", f"127.0.0.1:{server.port}", "test", {}, 10)
+    assert (status.round, status.closed, status.nodes_seen) == (1, False, 3)
+    assert [(p.rank, p.alive, p.addr) for p in status.participants] == [
+        (0, True, "127.0.0.1"),
+        (1, True, "127.0.0.1"),
+    ]
+    assert [(w.node, w.rank) for w in status.waiting] == [(late.handler.node_id, -1)]
+
+
+async def test_status_shows_a_crashed_participant_as_dead_and_lost() -> None:
+    """A crashed member's TTL key expires: status shows it not alive and reported lost."""
+    clock = ManualClock()
+    async with (
+        TCPStoreServer(clock=clock) as server,
+        RendezvousCluster(3, min_nodes=2, store=server.store, clock=clock) as cluster,
+    ):
+        await cluster.rendezvous()
+        crashed = cluster.nodes[1]
+        await cluster.crash(crashed)
+        await cluster.advance(cluster.settings.heartbeat_timeout + 1)
+        status = await fetch_status("c10d", f"127.0.0.1:{server.port}", "test", {}, 10)
+    dead = [p for p in status.participants if not p.alive]
+    assert [p.node for p in dead] == [crashed.handler.node_id]
+    assert crashed.handler.node_id in status.lost
+    assert "reported lost" in format_status(status)
+
+
+async def test_status_of_an_unreachable_store_names_it() -> None:
+    """No server at the endpoint: a RendezvousConnectionError naming the address."""
+    port = unused_port()
+    with pytest.raises(RendezvousConnectionError, match=f"127.0.0.1:{port}"):
+        await fetch_status("c10d", f"127.0.0.1:{port}", "test", {}, 1)
+
+
+@pytest.mark.etcd
+async def test_status_over_etcd(anyio_backend: Any, etcd_server: Any, etcd_prefix: str) -> None:
+    """Two handlers over a real etcd form a round; status reads it through the etcd backend."""
+    if anyio_backend[0] != "asyncio":
+        pytest.skip("EtcdStore is asyncio-only (grpc.aio does not run on trio)")
+    from aioelastic.store import EtcdStore
+
+    settings = ElasticSettings.from_parameters(RendezvousParameters("etcd", "", "job", 2, 2))
+    async with (
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix, timeout=30) as store,
+        AsyncExitStack() as stack,
+    ):
+        handlers = [
+            await stack.enter_async_context(
+                ElasticRendezvousHandler(store, settings, backend="etcd", local_addr="10.0.0.1")
+            )
+            for _ in range(2)
+        ]
+        async with anyio.create_task_group() as tg:
+            for handler in handlers:
+                tg.start_soon(handler.next_rendezvous)
+        conf = {"etcd_prefix": etcd_prefix}
+        status = await fetch_status("etcd", etcd_server.endpoints, "job", conf, 10)
+    assert status.round == 1
+    assert [(p.rank, p.addr, p.alive) for p in status.participants] == [
+        (0, "10.0.0.1", True),
+        (1, "10.0.0.1", True),
+    ]
+
+
+def test_an_empty_run_says_nobody_joined() -> None:
+    """A run id with no keys reads as round 0 with a hint to check the id."""
+    status = read_status("nobody", {})
+    assert status == RunStatus("nobody", 0, False, (), (), {}, 0)
+    assert "check --rdzv-id" in format_status(status)
+
+
+def test_a_closed_run_reads_as_closed() -> None:
+    """The close marker and a closed result read as a closed run without participants."""
+    status = read_status("job", {"state/closed": b"1", "state/latest": b"0"})
+    assert status.closed
+    assert format_status(status).startswith("run 'job': round 0, closed")
+
+
+def test_the_table_lists_ranks_then_waiting_nodes() -> None:
+    """format_status prints one line per participant, then one per waiting node."""
+    status = RunStatus(
+        "job",
+        2,
+        False,
+        (NodeStatus(4, 0, "a", True), NodeStatus(2, 1, "b", False)),
+        (NodeStatus(7, -1, "c", True),),
+        {},
+        8,
+    )
+    lines = format_status(status).splitlines()
+    assert lines[2].split() == ["0", "4", "yes", "a"]
+    assert lines[3].split() == ["1", "2", "NO", "b"]
+    assert lines[4].split() == ["wait", "7", "yes", "c"]
+
+
+async def test_the_status_command_prints_json_from_a_live_server() -> None:
+    """`aioelastic status --json` in a subprocess reads a live TCP store and exits 0."""
+    async with TCPStoreServer() as server:
+        result = await anyio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "aioelastic",
+                "status",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{server.port}",
+                "--rdzv-id",
+                "empty",
+                "--json",
+            ],
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["round"] == 0
