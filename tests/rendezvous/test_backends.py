@@ -173,3 +173,38 @@ def test_bad_endpoints_are_refused(endpoint: str) -> None:
     """An empty endpoint or a bad port is a parameter error."""
     with pytest.raises(RendezvousParameterError, match="endpoint"):
         parse_endpoint(endpoint)
+
+
+async def test_losing_the_store_invalidates_the_round() -> None:
+    """When the store server goes away, the members' round is reported invalid, not hung."""
+    from aioelastic.rendezvous import InvalidationReason
+    from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+    from aioelastic.rendezvous._parameters import ElasticSettings
+    from aioelastic.store import TCPStore, TCPStoreServer
+
+    settings = ElasticSettings("job", 2, 2, close_timeout=5)
+    server = TCPStoreServer("127.0.0.1", 0)
+    server_scope = anyio.CancelScope()
+
+    async def serve(*, task_status: anyio.abc.TaskStatus[int]) -> None:
+        with server_scope:
+            await server.serve(task_status=task_status)
+
+    async with anyio.create_task_group() as outer, AsyncExitStack() as stack:
+        port = await outer.start(serve)
+        handlers = []
+        for _ in range(2):
+            client = TCPStore("127.0.0.1", port, connect_timeout=0.5)
+            await stack.enter_async_context(client)
+            handler = ElasticRendezvousHandler(
+                client, settings, backend="c10d", local_addr="127.0.0.1"
+            )
+            handlers.append(await stack.enter_async_context(handler))
+        async with anyio.create_task_group() as tg:
+            for handler in handlers:
+                tg.start_soon(handler.next_rendezvous)
+        server_scope.cancel()
+        with anyio.fail_after(30):  # generous: the client gives up after connect_timeout
+            verdict = await handlers[0].wait_round_invalidated()
+    assert verdict.reason is InvalidationReason.PARTICIPANT_LOST
+    assert "lost the rendezvous store while watching round 1" in verdict.detail
