@@ -9,6 +9,7 @@ line is known to be good, which keeps a trivial job fast.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import signal
@@ -258,6 +259,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_non_negative(float),
         help="seconds between the forwarded signal and SIGKILL",
     )
+    option("--events-file", default=None, help="append every event to this file as JSON lines")
+    option(
+        "--metrics-port",
+        default=None,
+        type=parse_port,
+        help="serve Prometheus metrics on this port (needs aioelastic[metrics]; 0: any free)",
+    )
     add("training_script", metavar="TRAINING_SCRIPT", help="the worker program")
     add("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
     parser.set_defaults(handler=run_command)
@@ -287,6 +295,8 @@ class LaunchConfig:
     logs: LogSpec
     signals: tuple[signal.Signals, ...]
     shutdown_timeout: float
+    events_file: str | None = None
+    metrics_port: int | None = None
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -315,6 +325,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
     if args.module and args.no_python:
         raise FlagError("--module and --no-python cannot be combined")
+    if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
+        raise FlagError("--metrics-port needs prometheus-client: pip install 'aioelastic[metrics]'")
     min_nodes, max_nodes = args.nnodes
     backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
     conf = dict(args.rdzv_conf)
@@ -362,6 +374,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         logs=logs,
         signals=args.signals_to_handle,
         shutdown_timeout=args.shutdown_timeout,
+        events_file=args.events_file,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -442,6 +456,8 @@ async def launch(config: LaunchConfig) -> int:
     from aioelastic.agent._errors import AgentError, WorkerSpecError
     from aioelastic.agent._report import format_report
     from aioelastic.agent._spec import WorkerSpec
+    from aioelastic.events import EventLogError, observe
+    from aioelastic.metrics import MetricsPortError
     from aioelastic.rendezvous import (
         RendezvousError,
         RendezvousParameterError,
@@ -462,8 +478,9 @@ async def launch(config: LaunchConfig) -> int:
         handler_context = get_rendezvous_handler(params)
     except ValueError as exc:  # a bad backend name or option: the user's to fix
         _one_line_error(f"--rdzv-backend/--rdzv-conf: {exc}")
+    observed = observe({}, events_file=config.events_file, metrics_port=config.metrics_port)
     try:
-        async with handler_context as handler:
+        async with observed as events, handler_context as handler:
             spec = WorkerSpec(
                 config.entrypoint,
                 handler,
@@ -475,8 +492,9 @@ async def launch(config: LaunchConfig) -> int:
                 logs=config.logs,
             )
             agent = ElasticAgent(spec, on_event=ConsoleReporter(), shutdown_signals=config.signals)
+            events.attach(agent, "agent")
             result = await agent.run()
-    except (RendezvousParameterError, WorkerSpecError) as exc:
+    except (RendezvousParameterError, WorkerSpecError, EventLogError, MetricsPortError) as exc:
         _one_line_error(str(exc))
     except (RendezvousError, AgentError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
