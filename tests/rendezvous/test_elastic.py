@@ -17,6 +17,8 @@ from aioelastic.rendezvous import (
     RendezvousTimeoutError,
 )
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+from aioelastic.rendezvous._parameters import ElasticSettings
+from aioelastic.store import MemoryStore
 from aioelastic.testing import ManualClock
 from tests.rendezvous.conftest import MakeHandler, advance
 
@@ -227,3 +229,24 @@ async def test_a_handler_must_be_entered(make_handler: MakeHandler) -> None:
     """Calling a handler outside `async with` says how to use it."""
     with pytest.raises(RendezvousStateError, match="async with handler"):
         await make_handler().next_rendezvous()
+
+
+@pytest.mark.parametrize("nodes", [4, 32])
+async def test_a_round_costs_a_constant_number_of_store_operations_per_node(
+    store: MemoryStore, clock: ManualClock, nodes: int
+) -> None:
+    """O(N) per round: at most 8 store operations per node, whatever N (monitor included)."""
+    from bench.rendezvous import CountingStore
+
+    counting = CountingStore(store)
+    settings = ElasticSettings("job", nodes, nodes)
+    handlers = [
+        ElasticRendezvousHandler(counting, settings, backend="memory", clock=clock)
+        for _ in range(nodes)
+    ]
+    async with cluster(handlers) as tg:
+        counting.counts.clear()
+        await finished(start(tg, handlers))
+        await anyio.wait_all_tasks_blocked()  # the round monitors have started too
+        assert sum(counting.counts.values()) <= 8 * nodes
+        assert counting.counts["get_prefix"] <= 2 * nodes + 2
