@@ -1,6 +1,7 @@
 """Agent benchmarks: ``aioelastic run`` against ``torchrun`` on the same machine, same run.
 
-* trivial job: wall time of a standalone job whose 2 workers exit at once;
+* trivial job: wall time of a standalone job whose 2 workers exit at once, and the CPU time
+  of its whole process tree (steadier than wall time on a loaded machine);
 * failure to restart: from a worker's failing exit (its own timestamp) to its replacement's
   first line of Python (the replacement's timestamp), with 2 workers and one restart.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,20 +53,32 @@ def torchrun(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
-def run(cmd: list[str]) -> float:
-    """Run ``cmd`` to completion; return its wall time in seconds."""
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every waited-for descendant so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(cmd: list[str]) -> tuple[float, float]:
+    """Run ``cmd`` to completion; return its wall time and the CPU time of its process tree."""
     env = {**os.environ, "LOGLEVEL": "ERROR"}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    cpu = children_cpu()
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, env=env, check=False)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{cmd} exited {done.returncode}:\n{done.stderr.decode()[-2000:]}")
-    return elapsed
+    return elapsed, children_cpu() - cpu
 
 
 def trivial_job(launcher: Launcher, script: Path) -> float:
-    return run(launcher(["--standalone", "--nproc-per-node", "2", str(script)]))
+    return run(launcher(["--standalone", "--nproc-per-node", "2", str(script)]))[0]
+
+
+def trivial_job_cpu(launcher: Launcher, script: Path) -> float:
+    """CPU time of the whole job (launcher and workers): steadier than wall time under load."""
+    return run(launcher(["--standalone", "--nproc-per-node", "2", str(script)]))[1]
 
 
 def failure_to_restart(launcher: Launcher, script: Path, workdir: Path) -> float:
@@ -94,6 +108,7 @@ def main() -> None:
         fail_once.write_text(FAIL_ONCE)
         rows = [
             ("trivial 2-worker job, wall (s)", lambda cmd: trivial_job(cmd, trivial)),
+            ("trivial 2-worker job, CPU (s)", lambda cmd: trivial_job_cpu(cmd, trivial)),
             ("failure to restart (s)", lambda cmd: failure_to_restart(cmd, fail_once, workdir)),
         ]
         print(f"agent benchmarks: median of {repeat} runs, {os.cpu_count()} CPUs (noisy if shared)")
