@@ -12,6 +12,7 @@ leaves no worker behind.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -30,13 +31,18 @@ Redirect = int | IO[bytes] | None
 """A child's stdout/stderr: inherit (None), ``subprocess.DEVNULL``, a file descriptor or file."""
 
 
+@functools.cache
+def _prctl() -> Callable[[int, int], int]:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _die_with_parent() -> Callable[[], None] | None:
     """Return a ``preexec_fn`` that makes the child die when this thread dies (Linux only)."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl = _prctl()
     parent = os.getpid()
 
     def setup() -> None:
