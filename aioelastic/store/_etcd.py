@@ -67,6 +67,8 @@ from aioelastic.store._memory import check_key, check_ttl, parse_int
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/aioelastic/default/"
+ADD_GUESSES = 32
+"""How many concurrent adds of the same amount by other clients one add transaction absorbs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,12 +480,19 @@ class EtcdStore(Store):
         )
 
     async def _update(
-        self, what: str, key: bytes, change: Callable[[bytes | None], bytes | None]
+        self,
+        what: str,
+        key: bytes,
+        change: Callable[[bytes | None], bytes | None],
+        guesses: int = 1,
     ) -> tuple[bytes | None, bytes | None]:
         """Apply ``change`` to the value at ``key`` exactly once, keeping the key's lease.
 
         ``change(current)`` returns the new value, or None to write nothing. Returns the value
-        written (None if nothing was) and the value read last.
+        written (None if nothing was) and the value read last. With ``guesses > 1`` the
+        transaction also carries fallbacks for values other writers may have written in the
+        meantime (``change`` applied again), so contending writers of the same change (adds
+        of one amount) all succeed in one round instead of one per round.
         """
         self._check_serving()
         _, (kv,) = await self._read([key])
@@ -496,7 +505,7 @@ class EtcdStore(Store):
                 continue
             slot = session.take_slot()
             try:
-                outcome = await self._update_in_slot(what, key, change, kv, session, slot)
+                outcome = await self._update_in_slot(what, key, change, guesses, kv, session, slot)
             finally:
                 session.give_back(slot)
             if outcome is not None:
@@ -508,21 +517,22 @@ class EtcdStore(Store):
         what: str,
         key: bytes,
         change: Callable[[bytes | None], bytes | None],
+        guesses: int,
         kv: Any,
         session: _Session,
         slot: int,
     ) -> tuple[bytes | None, bytes | None] | None:
         """:meth:`_update` with one marker slot; None when the session lease vanished."""
         marker = self._ops + f"{session.lease:x}/{slot}".encode()
-        written: dict[bytes, bytes] = {}  # token -> the value that attempt writes
+        written: dict[bytes, bytes] = {}  # marker token -> the value that branch writes
         while True:
             current = kv.value if kv is not None else None
-            desired = change(current)
-            if desired is None:
+            values = _chain(change, current, guesses)
+            if not values:
                 return None, current
-            token = str(next(self._tokens)).encode()
-            written[token] = desired
-            request = _update_request(key, kv, desired, marker, session, slot, token)
+            tokens = [f"{next(self._tokens)}".encode() for _ in values]
+            written.update(zip(tokens, values, strict=True))
+            request = _update_request(key, kv, values, marker, session, slot, tokens)
             try:
                 response = await self._conn.call(what, _txn_attempt(request), idempotent=False)
             except Exception as error:
@@ -541,9 +551,19 @@ class EtcdStore(Store):
                     return applied, applied
                 _, (kv,) = await self._read([key])
                 continue
-            if response.succeeded:
-                session.revisions[slot] = response.header.revision
-                return desired, desired
+            if response.succeeded:  # the marker was as expected: walk down the branches
+                branch = response.responses[0].response_txn
+                for value in values:
+                    if branch.succeeded:
+                        session.revisions[slot] = response.header.revision
+                        return value, value
+                    op = branch.responses[0]
+                    if op.HasField("response_range"):
+                        kvs = op.response_range.kvs
+                        kv = kvs[0] if kvs else None
+                        break
+                    branch = op.response_txn
+                continue
             key_kvs = response.responses[0].response_range.kvs
             marker_kvs = response.responses[1].response_range.kvs
             if marker_kvs and marker_kvs[0].value in written:
@@ -749,7 +769,7 @@ class EtcdStore(Store):
                 base = parse_int(key, current) if current is not None else 0
                 return str(base + total).encode()
 
-            written, _ = await self._update("add", full, change)
+            written, _ = await self._update("add", full, change, guesses=ADD_GUESSES)
             return int(written or b"0")
 
         combiner = self._adders.setdefault(full, AddCombiner())
@@ -848,31 +868,69 @@ class EtcdStore(Store):
         return f"EtcdStore({self._conn.endpoints!r}, prefix={self.prefix!r})"
 
 
+def _chain(
+    change: Callable[[bytes | None], bytes | None], current: bytes | None, length: int
+) -> list[bytes]:
+    """``change(current)``, then ``change`` of that, ...: up to ``length`` values to write."""
+    values: list[bytes] = []
+    value = current
+    while len(values) < length:
+        next_value = change(value)
+        if next_value is None:
+            break
+        values.append(next_value)
+        value = next_value
+    return values
+
+
 def _update_request(
-    key: bytes, kv: Any, value: bytes, marker: bytes, session: _Session, slot: int, token: bytes
+    key: bytes,
+    kv: Any,
+    values: Sequence[bytes],
+    marker: bytes,
+    session: _Session,
+    slot: int,
+    tokens: Sequence[bytes],
 ) -> Any:
-    """The transaction of one read-modify-write attempt (see the module docstring)."""
+    """The transaction of one read-modify-write attempt (see the module docstring).
 
-    def compare_mod(name: bytes, revision: int) -> Any:
-        return rpc.Compare(
-            key=name, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision
-        )
+    If the marker is unchanged, branch 0 writes ``values[0]`` if the key is still as read
+    (same mod revision, keeping its lease); otherwise branch ``i`` writes ``values[i]`` if
+    the key now holds ``values[i - 1]`` (keeping whatever lease it has); each branch also
+    writes its own token to the marker. When no branch applies, the key is read back.
+    """
 
-    def put(name: bytes, data: bytes, lease: int) -> Any:
-        return rpc.RequestOp(request_put=rpc.PutRequest(key=name, value=data, lease=lease))
+    def put(name: bytes, data: bytes, lease: int = 0, ignore_lease: bool = False) -> Any:
+        request = rpc.PutRequest(key=name, value=data, lease=lease, ignore_lease=ignore_lease)
+        return rpc.RequestOp(request_put=request)
 
     def read(name: bytes) -> Any:
         return rpc.RequestOp(request_range=rpc.RangeRequest(key=name))
 
+    def same_mod(name: bytes, revision: int) -> Any:
+        return rpc.Compare(
+            key=name, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision
+        )
+
+    def holds(value: bytes) -> Any:  # fails on a missing key
+        return rpc.Compare(key=key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=value)
+
+    otherwise = [read(key)]
+    for i in reversed(range(len(values))):
+        if i == 0:
+            compare = same_mod(key, kv.mod_revision if kv is not None else 0)
+            write = put(key, values[0], lease=kv.lease if kv is not None else 0)
+        else:
+            compare, write = holds(values[i - 1]), put(key, values[i], ignore_lease=True)
+        branch = rpc.TxnRequest(
+            compare=[compare],
+            success=[write, put(marker, tokens[i], session.lease)],
+            failure=otherwise,
+        )
+        otherwise = [rpc.RequestOp(request_txn=branch)]
     return rpc.TxnRequest(
-        compare=[
-            compare_mod(key, kv.mod_revision if kv is not None else 0),
-            compare_mod(marker, session.revisions[slot]),
-        ],
-        success=[
-            put(key, value, kv.lease if kv is not None else 0),
-            put(marker, token, session.lease),
-        ],
+        compare=[same_mod(marker, session.revisions[slot])],
+        success=otherwise,
         failure=[read(key), read(marker)],
     )
 

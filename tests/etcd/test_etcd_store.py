@@ -259,3 +259,31 @@ async def test_cancelling_calls_midway_is_clean(etcd_store: EtcdStore) -> None:
     assert cancelled > 0
     await etcd_store.set("k", b"after")
     assert await etcd_store.get("k") == b"after"
+
+
+async def test_an_add_from_a_stale_read_lands_in_one_transaction(
+    etcd_server: EtcdCluster, etcd_prefix: str
+) -> None:
+    """Adds by other clients between an add's read and its write do not cost a retry: the
+    transaction's fallbacks match the value they left, and the sum is still exact."""
+    async with (
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as store,
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as other,
+    ):
+        await store.set("n", b"5")
+        key = etcd_prefix.encode() + b"kv/n"
+        _, (stale,) = await store._read([key])
+        assert await other.add("n", 1) == 6
+        assert await other.add("n", 1) == 7
+        session = store._session
+        assert session is not None
+        before = store.statistics().requests
+
+        def plus_one(current: bytes | None) -> bytes:
+            return str(int(current or b"0") + 1).encode()
+
+        slot = session.take_slot()
+        outcome = await store._update_in_slot("add", key, plus_one, 4, stale, session, slot)
+        assert outcome == (b"8", b"8")
+        assert store.statistics().requests - before == 1
+        assert await store.get("n") == b"8"
