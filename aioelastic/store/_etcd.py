@@ -14,7 +14,9 @@ Theory of operation:
   token to a marker key that only this operation uses (a *slot*, attached to the store's
   session lease, which a task in the store's task group keeps alive). When the reply of that
   transaction is lost, the marker says whether it was applied; every attempt also requires
-  the marker to be unchanged, so a late-arriving attempt can never apply twice.
+  the marker to be unchanged, so a late-arriving attempt can never apply twice. An ``add``
+  transaction also carries fallbacks ("if the key now holds v+1, write v+2", ...), so adds
+  racing from other clients land in one round instead of retrying one by one.
 * **Failures.** Reads and idempotent writes retry with backoff, moving to the next endpoint;
   a wait re-opens its watch from the same revision on another member (aetcd's watch dies
   with its member). A compacted revision ends a wait early: the caller re-reads.
