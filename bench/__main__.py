@@ -1,0 +1,135 @@
+"""``python -m bench`` (``make bench``): every benchmark in one run, then BENCHMARKS.md + chart.
+
+Runs each ``bench/<part>.py`` as its own process (``python -m bench.<part>``, their own
+defaults), keeps what it printed, and writes ``BENCHMARKS.md`` and ``bench/ratios.png`` (the
+chart needs the ``timeline`` extra, matplotlib). ``--only`` picks benchmarks; ``--from-logs``
+rebuilds the report from earlier outputs saved in ``bench/logs/`` without re-running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench._report import BenchRun, render_chart, render_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHES = ("timer", "store", "rendezvous", "rendezvous_etcd", "agent")
+LOGS = ROOT / "bench" / "logs"
+CHART = "bench/ratios.png"
+
+
+def run_bench(name: str, timeout: float) -> BenchRun:
+    """Run ``bench.<name>`` and keep its output (also saved under ``bench/logs/``)."""
+    command = [sys.executable, "-m", f"bench.{name}"]
+    print(f"running {' '.join(command[1:])} ...", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as expired:
+        returncode = -1
+        stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else ""
+        stderr = f"timed out after {timeout:g} s"
+    run = BenchRun(
+        name, " ".join(command[1:]), returncode, time.monotonic() - start, stdout, stderr
+    )
+    LOGS.mkdir(exist_ok=True)
+    (LOGS / f"{name}.out").write_text(stdout)
+    (LOGS / f"{name}.err").write_text(stderr)
+    (LOGS / f"{name}.rc").write_text(f"{returncode} {run.seconds:.1f}\n")
+    print(stdout, end="", flush=True)
+    return run
+
+
+def load_bench(name: str) -> BenchRun | None:
+    """A run saved earlier under ``bench/logs/`` (None if there is none)."""
+    out = LOGS / f"{name}.out"
+    if not out.exists():
+        return None
+    rc_text = (LOGS / f"{name}.rc").read_text().split() if (LOGS / f"{name}.rc").exists() else []
+    returncode, seconds = (int(rc_text[0]), float(rc_text[1])) if rc_text else (0, 0.0)
+    err = LOGS / f"{name}.err"
+    return BenchRun(
+        name,
+        f"-m bench.{name}",
+        returncode,
+        seconds,
+        out.read_text(),
+        err.read_text() if err.exists() else "",
+    )
+
+
+def version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine() -> list[tuple[str, str]]:
+    """What the figures depend on: hardware, load, versions, date."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    etcd = shutil.which("etcd")
+    etcd_version = "not found"
+    if etcd:
+        text = subprocess.run([etcd, "--version"], capture_output=True, text=True, check=False)
+        etcd_version = (text.stdout.splitlines() or ["?"])[0]
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return [
+        ("date", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")),
+        ("CPU", f"{cpu}, {os.cpu_count()} logical CPUs"),
+        ("load average at start (1, 5, 15 min)", load),
+        ("OS", platform.platform()),
+        ("Python", platform.python_version()),
+        ("aioelastic", version("aioelastic")),
+        ("torch", version("torch")),
+        ("anyio", version("anyio")),
+        ("uvloop", version("uvloop")),
+        ("etcd", etcd_version),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", choices=BENCHES, default=list(BENCHES))
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per benchmark")
+    parser.add_argument("--from-logs", action="store_true", help="report on bench/logs/ only")
+    parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args()
+    facts = machine()
+    runs = []
+    for name in args.only:
+        run = load_bench(name) if args.from_logs else run_bench(name, args.timeout)
+        if run is not None:
+            runs.append(run)
+    figures = [figure for run in runs for figure in run.figures]
+    chart = None
+    if importlib.util.find_spec("matplotlib") is not None:
+        chart = CHART if render_chart(figures, str(ROOT / CHART)) else None
+    else:
+        print("no chart: pip install 'aioelastic[timeline]' (matplotlib)", file=sys.stderr)
+    Path(args.output).write_text(render_markdown(runs, facts, chart))
+    print(f"wrote {args.output}" + (f" and {CHART}" if chart else ""), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
