@@ -181,3 +181,28 @@ def test_bad_configuration_is_a_parameter_error(config: dict[str, Any], message:
     """A bad etcd option raises RendezvousParameterError naming it."""
     with pytest.raises(RendezvousParameterError, match=message):
         get_rendezvous_handler(params("127.0.0.1:2379", "bad", 1, **config))
+
+
+_WORKER = "import os; print('worker', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
+
+
+@one_loop
+async def test_two_agents_form_a_job_through_etcd(etcd_server: EtcdCluster) -> None:
+    """Two `aioelastic run` agents with --rdzv-backend etcd start one 2-worker job."""
+    command = [
+        sys.executable, "-m", "aioelastic", "run", "--nnodes", "2", "--nproc-per-node", "1",
+        "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd_server.endpoints,
+        "--rdzv-id", "cli-job", "--no-python", "--", sys.executable, "-c", _WORKER,
+    ]  # fmt: skip
+    outputs: list[str] = []
+
+    async def agent() -> None:
+        result = await anyio.run_process(command, check=True)
+        outputs.append(result.stdout.decode())
+
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent)
+            tg.start_soon(agent)
+    printed = sorted(line.split("]: ", 1)[-1] for out in outputs for line in out.splitlines())
+    assert printed == ["worker 0 of 2", "worker 1 of 2"]
