@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "aioelastic.store._cli",
     "aioelastic.agent._cli",
     "aioelastic._cli_status",
+    "aioelastic._cli_timeline",
 )
 
 

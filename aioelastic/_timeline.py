@@ -1,0 +1,215 @@
+"""A run's timeline from its event logs: lanes of spans and marks (pure), then a PNG.
+
+:func:`build_timeline` turns the records of one or more ``--events-file`` logs into lanes: one
+per node (rendezvous waits, restarts, membership changes, the end of the run) and one per
+worker rank (its lifetimes, failures and watchdog reaps). It does no I/O and reads no clock;
+times are seconds since the first record. :func:`render_timeline` draws it with matplotlib
+(the optional extra ``aioelastic[timeline]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aioelastic.events import LoggedEvent
+
+RENDEZVOUS_STARTS = frozenset({"RoundJoining", "GroupRestarting", "MembershipChanged"})
+RENDEZVOUS_ENDS = frozenset({"RendezvousCompleted", "RoundCompleted"})
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Something that lasted: a rendezvous wait on a node lane, a worker's life on a rank lane."""
+
+    lane: str
+    start: float
+    end: float
+    kind: str
+    """``rendezvous`` or ``worker``."""
+    label: str
+    outcome: str = ""
+    """For workers: ``succeeded``, ``failed``, ``stopped`` or ``running`` (log ended)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Something that happened at one time: ``failed``, ``reaped``, ``restart``, ...."""
+
+    lane: str
+    time: float
+    kind: str
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Lanes in display order, and what happened on them; times from the first record."""
+
+    lanes: tuple[str, ...]
+    spans: tuple[Span, ...]
+    marks: tuple[Mark, ...]
+    duration: float
+
+
+@dataclass(slots=True)
+class _Builder:
+    origin: float
+    lanes: list[str] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    waiting: dict[str, float] = field(default_factory=dict)  # node -> rendezvous start
+    running: dict[str, tuple[float, str]] = field(default_factory=dict)  # lane -> start, label
+    lanes_of: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, pid) -> lane
+
+    def lane(self, name: str) -> str:
+        if name not in self.lanes:
+            self.lanes.append(name)
+        return name
+
+    def end_worker(self, lane: str, when: float, outcome: str) -> None:
+        started = self.running.pop(lane, None)
+        if started is not None:
+            self.spans.append(Span(lane, started[0], when, "worker", started[1], outcome))
+
+    def feed(self, event: LoggedEvent) -> None:
+        when, node, kind, data = event.time - self.origin, event.node, event.kind, event.data
+        first = node not in self.lanes  # a node's first record opens its first rendezvous
+        node_lane = self.lane(node)
+        if kind in RENDEZVOUS_STARTS or first:
+            self.waiting.setdefault(node, when)
+        if kind in RENDEZVOUS_ENDS:
+            start = self.waiting.pop(node, when)
+            label = _round_label(data)
+            self.spans.append(Span(node_lane, start, when, "rendezvous", label))
+        elif kind == "WorkersStarted":
+            for rank, pid in zip(data.get("ranks", ()), data.get("pids", ()), strict=False):
+                lane = self.lane(f"rank {rank} ({node})")
+                self.lanes_of[(node, pid)] = lane
+                self.end_worker(lane, when, "stopped")
+                self.running[lane] = (when, f"pid {pid}, restart {data.get('restart_count', 0)}")
+        elif kind == "WorkerSucceeded":
+            self.end_worker(self._worker_lane(node, data), when, "succeeded")
+        elif kind == "WorkerFailed":
+            failure = data.get("failure", {})
+            lane = self._worker_lane(node, failure)
+            self.end_worker(lane, when, "failed")
+            self.marks.append(Mark(lane, when, "failed", f"exit {failure.get('returncode', '?')}"))
+        elif kind in ("WorkerReaped", "TimerReaped"):
+            lane = self._worker_lane(node, data)
+            self.marks.append(Mark(lane, when, "reaped", f"scope {data.get('scope_id', '?')}"))
+        elif kind == "WorkersStopped":
+            for lane in [lane for lane in self.running if lane.endswith(f"({node})")]:
+                self.end_worker(lane, when, "stopped")
+        elif kind == "GroupRestarting":
+            restart = f"restart {data.get('restart_count', '?')}/{data.get('max_restarts', '?')}"
+            self.marks.append(Mark(node_lane, when, "restart", restart))
+        elif kind in ("MembershipChanged", "RoundInvalidated", "NodeLost"):
+            self.marks.append(Mark(node_lane, when, "membership", str(data.get("reason", kind))))
+        elif kind == "ShutdownRequested":
+            self.marks.append(Mark(node_lane, when, "shutdown", f"signal {data.get('signal')}"))
+        elif kind == "RunFinished":
+            result = data.get("result", {})
+            self.marks.append(Mark(node_lane, when, "finished", str(result.get("state", "?"))))
+            for lane in [lane for lane in self.running if lane.endswith(f"({node})")]:
+                self.end_worker(lane, when, "stopped")
+
+    def _worker_lane(self, node: str, data: Mapping[str, Any]) -> str:
+        pid = data.get("pid")
+        if isinstance(pid, int) and (node, pid) in self.lanes_of:
+            return self.lanes_of[(node, pid)]
+        return self.lane(f"rank {data.get('rank', '?')} ({node})")
+
+
+def _round_label(data: Mapping[str, Any]) -> str:
+    rank = data.get("group_rank", data.get("rank", "?"))
+    size = data.get("group_world_size", data.get("world_size", "?"))
+    round_ = data.get("round")
+    prefix = f"round {round_}: " if round_ is not None else ""
+    return f"{prefix}node rank {rank} of {size}"
+
+
+def build_timeline(events: Iterable[LoggedEvent]) -> Timeline:
+    """Lanes, spans and marks of the run recorded in ``events`` (any order, any nodes)."""
+    ordered = sorted(events, key=lambda e: e.time)
+    if not ordered:
+        return Timeline((), (), (), 0.0)
+    builder = _Builder(ordered[0].time)
+    for event in ordered:
+        builder.feed(event)
+    end = ordered[-1].time - builder.origin
+    for lane in list(builder.running):
+        builder.end_worker(lane, end, "running")
+    for node, start in builder.waiting.items():
+        builder.spans.append(Span(node, start, end, "rendezvous", "waiting (log ended)"))
+    nodes = [lane for lane in builder.lanes if not lane.startswith("rank ")]
+    ranks = sorted((lane for lane in builder.lanes if lane.startswith("rank ")), key=_rank_order)
+    return Timeline(tuple(nodes + ranks), tuple(builder.spans), tuple(builder.marks), end)
+
+
+def _rank_order(lane: str) -> tuple[int, str]:
+    number = lane.split()[1]
+    return (int(number) if number.lstrip("-").isdigit() else 1 << 30, lane)
+
+
+SPAN_COLORS = {
+    "rendezvous": "#8ecae6",
+    "succeeded": "#2a9d8f",
+    "failed": "#e76f51",
+    "stopped": "#adb5bd",
+    "running": "#90be6d",
+}
+MARK_STYLES = {
+    "failed": ("X", "#d62828"),
+    "reaped": ("v", "#f77f00"),
+    "restart": ("|", "#6a4c93"),
+    "membership": ("D", "#3a86ff"),
+    "shutdown": ("s", "#000000"),
+    "finished": ("*", "#000000"),
+}
+
+
+def render_timeline(timeline: Timeline, path: str, *, title: str = "aioelastic run") -> None:
+    """Draw ``timeline`` as a PNG at ``path`` (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rows = {lane: index for index, lane in enumerate(timeline.lanes)}
+    fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 2))
+    for span in timeline.spans:
+        color = SPAN_COLORS["rendezvous" if span.kind == "rendezvous" else span.outcome]
+        width = max(span.end - span.start, timeline.duration / 500 or 0.001)
+        ax.barh(rows[span.lane], width, left=span.start, height=0.6, color=color)
+    for mark in timeline.marks:
+        marker, color = MARK_STYLES[mark.kind]
+        ax.plot(mark.time, rows[mark.lane], marker=marker, color=color, markersize=9)
+        ax.annotate(
+            mark.label,
+            (mark.time, rows[mark.lane]),
+            xytext=(4, 8),
+            textcoords="offset points",
+            fontsize=7,
+        )
+    ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first event")
+    ax.set_title(title)
+    handles: list[Any] = [
+        Patch(color=SPAN_COLORS["rendezvous"], label="rendezvous"),
+        Patch(color=SPAN_COLORS["succeeded"], label="worker: succeeded"),
+        Patch(color=SPAN_COLORS["failed"], label="worker: failed"),
+        Patch(color=SPAN_COLORS["stopped"], label="worker: stopped"),
+    ]
+    handles += [
+        Line2D([], [], marker=marker, color=color, linestyle="", label=kind)
+        for kind, (marker, color) in MARK_STYLES.items()
+    ]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

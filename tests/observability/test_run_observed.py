@@ -1,0 +1,91 @@
+"""`aioelastic run --events-file` and `aioelastic timeline` end to end, with real workers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aioelastic.events import read_event_log
+
+pytestmark = pytest.mark.anyio
+
+FAIL_ONCE = """\
+import os, sys
+if os.environ["LOCAL_RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    sys.exit(3)
+"""
+BOUND = 60
+"""Generous bound (seconds) for a job of real processes on a loaded 2-core machine."""
+
+
+async def aioelastic(*args: str | Path) -> tuple[int, str]:
+    with anyio.fail_after(BOUND):
+        done = await anyio.run_process(
+            [sys.executable, "-m", "aioelastic", *map(str, args)], check=False
+        )
+    return done.returncode, (done.stdout + done.stderr).decode()
+
+
+async def test_a_failed_worker_and_its_restart_are_in_the_events_file(tmp_path: Path) -> None:
+    """A worker that fails once: the log shows the failure, the restart, and success."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(FAIL_ONCE)
+    events = tmp_path / "events.jsonl"
+    code, output = await aioelastic(
+        "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+        "--events-file", events, worker,
+    )  # fmt: skip
+    assert code == 0, output
+    logged = list(read_event_log(events))
+    kinds = [e.kind for e in logged]
+    assert kinds.count("WorkersStarted") == 2
+    assert kinds.index("WorkerFailed") < kinds.index("GroupRestarting")
+    assert kinds[-1] == "RunFinished"
+    assert logged[-1].data["result"]["state"] == "succeeded"
+    failed = next(e for e in logged if e.kind == "WorkerFailed")
+    assert (failed.data["failure"]["rank"], failed.data["failure"]["returncode"]) == (1, 3)
+
+
+async def test_the_timeline_command_draws_a_run(tmp_path: Path) -> None:
+    """`aioelastic timeline` turns a run's events file into a PNG and says what it drew."""
+    pytest.importorskip("matplotlib", reason="needs the timeline extra (matplotlib)")
+    worker = tmp_path / "worker.py"
+    worker.write_text(FAIL_ONCE)
+    events, picture = tmp_path / "events.jsonl", tmp_path / "run.png"
+    code, output = await aioelastic(
+        "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+        "--events-file", events, worker,
+    )  # fmt: skip
+    assert code == 0, output
+    code, output = await aioelastic("timeline", events, "-o", picture)
+    assert code == 0, output
+    assert "3 lanes" in output
+    assert picture.read_bytes()[:4] == b"\x89PNG"
+
+
+async def test_an_events_file_in_a_missing_directory_fails_before_starting(
+    tmp_path: Path,
+) -> None:
+    """An unusable --events-file is one line naming it, and no worker starts."""
+    marker = tmp_path / "started"
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    code, output = await aioelastic(
+        "run", "--standalone", "--events-file", tmp_path / "no" / "events.jsonl", worker
+    )
+    assert code == 2
+    assert "cannot open the event log" in output
+    assert len(output.strip().splitlines()) == 1
+    assert not marker.exists()
+
+
+async def test_a_bad_events_file_is_a_one_line_timeline_error(tmp_path: Path) -> None:
+    """`aioelastic timeline` on a file that is not an event log names the file and line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"time": 1, "node": "a", "source": "agent", "kind": "X", "event": {}}\nnope\n')
+    code, output = await aioelastic("timeline", bad, "-o", tmp_path / "out.png")
+    assert code == 2
+    assert f"{bad}:2: not JSON" in output

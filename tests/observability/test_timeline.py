@@ -1,0 +1,99 @@
+"""The run timeline: lanes built from event records (pure), drawn as a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aioelastic._timeline import Mark, Span, build_timeline, render_timeline
+from aioelastic.events import LoggedEvent
+
+
+def ev(time: float, kind: str, node: str = "a", **data: Any) -> LoggedEvent:
+    return LoggedEvent(time, node, "agent", kind, data)
+
+
+RUN = [
+    ev(100.0, "RendezvousCompleted", group_rank=0, group_world_size=1, world_size=2),
+    ev(100.5, "WorkersStarted", restart_count=0, ranks=[0, 1], pids=[10, 11]),
+    ev(101.0, "WorkerReaped", local_rank=1, rank=1, pid=11, scope_id="step", signal=9),
+    ev(
+        101.1,
+        "WorkerFailed",
+        failure={"local_rank": 1, "rank": 1, "pid": 11, "returncode": -9},
+    ),
+    ev(101.2, "WorkersStopped", reason="failure", signal=15, killed=0),
+    ev(101.3, "GroupRestarting", restart_count=1, max_restarts=1),
+    ev(101.5, "RendezvousCompleted", group_rank=0, group_world_size=1, world_size=2),
+    ev(101.6, "WorkersStarted", restart_count=1, ranks=[0, 1], pids=[20, 21]),
+    ev(102.0, "WorkerSucceeded", local_rank=0, rank=0, pid=20),
+    ev(102.1, "WorkerSucceeded", local_rank=1, rank=1, pid=21),
+    ev(102.2, "RunFinished", result={"state": "succeeded"}),
+]
+
+
+def test_a_reaped_and_restarted_run_has_node_and_rank_lanes() -> None:
+    """One lane for the node, one per rank; a reap and a failure mark rank 1's first life."""
+    timeline = build_timeline(RUN)
+    assert timeline.lanes == ("a", "rank 0 (a)", "rank 1 (a)")
+    assert timeline.duration == pytest.approx(2.2)
+    workers = [s for s in timeline.spans if s.kind == "worker"]
+    assert [(s.lane, s.outcome) for s in workers] == [
+        ("rank 1 (a)", "failed"),
+        ("rank 0 (a)", "stopped"),
+        ("rank 0 (a)", "succeeded"),
+        ("rank 1 (a)", "succeeded"),
+    ]
+    assert [(m.lane, m.kind) for m in timeline.marks] == [
+        ("rank 1 (a)", "reaped"),
+        ("rank 1 (a)", "failed"),
+        ("a", "restart"),
+        ("a", "finished"),
+    ]
+
+
+def test_rendezvous_waits_run_from_the_restart_to_the_next_round() -> None:
+    """The second rendezvous span starts at GroupRestarting and ends at the completion."""
+    spans = [s for s in build_timeline(RUN).spans if s.kind == "rendezvous"]
+    assert [(round(s.start, 3), round(s.end, 3)) for s in spans] == [(0.0, 0.0), (1.3, 1.5)]
+
+
+def test_nodes_from_several_logs_share_one_time_axis_in_any_order() -> None:
+    """Records of two nodes, given out of order, are sorted; each node gets its lanes."""
+    events = [
+        ev(5.0, "WorkersStarted", node="b", restart_count=0, ranks=[1], pids=[7]),
+        ev(4.0, "RendezvousCompleted", node="b", group_rank=1, group_world_size=2),
+        ev(3.0, "RendezvousCompleted", node="a", group_rank=0, group_world_size=2),
+        ev(4.5, "WorkersStarted", node="a", restart_count=0, ranks=[0], pids=[7]),
+    ]
+    timeline = build_timeline(events)
+    assert timeline.lanes == ("a", "b", "rank 0 (a)", "rank 1 (b)")
+    running = [s for s in timeline.spans if s.kind == "worker"]
+    assert {(s.lane, s.start, s.outcome) for s in running} == {
+        ("rank 0 (a)", 1.5, "running"),
+        ("rank 1 (b)", 2.0, "running"),
+    }
+
+
+def test_a_log_that_ends_while_waiting_shows_the_wait_open() -> None:
+    """A node still in rendezvous when its log ends gets a span to the end, labelled so."""
+    timeline = build_timeline(
+        [ev(0.0, "RunStarted"), ev(3.0, "MembershipChanged", reason="NODES_WAITING")]
+    )
+    assert Span("a", 0.0, 3.0, "rendezvous", "waiting (log ended)") in timeline.spans
+    assert Mark("a", 3.0, "membership", "NODES_WAITING") in timeline.marks
+
+
+def test_no_events_is_an_empty_timeline() -> None:
+    """Nothing recorded: no lanes, no duration."""
+    assert build_timeline([]).lanes == ()
+
+
+def test_the_timeline_renders_to_a_png(tmp_path: Path) -> None:
+    """render_timeline writes a PNG file."""
+    pytest.importorskip("matplotlib", reason="needs the timeline extra (matplotlib)")
+    path = tmp_path / "timeline.png"
+    render_timeline(build_timeline(RUN), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
