@@ -48,6 +48,7 @@ from aioelastic.agent._events import (
     GroupRestarting,
     MembershipChanged,
     RendezvousCompleted,
+    RendezvousJoining,
     RunFinished,
     RunResult,
     RunState,
@@ -350,6 +351,7 @@ class ElasticAgent:
     async def _supervise(self) -> RunResult:
         handler = self.spec.rdzv_handler
         while True:
+            self._emit(RendezvousJoining(self._run_id, handler.get_backend(), self._restart_count))
             try:
                 info = await handler.next_rendezvous()
             except RendezvousGracefulExitError as exc:

@@ -2,8 +2,7 @@
 
 Flags, defaults and ``PET_*`` environment variables follow torchrun where the concept is the
 same. Values are checked while parsing, so a bad flag fails at once with one line naming it.
-This module imports only the standard library; the agent and its parts load once the command
-line is known to be good, which keeps a trivial job fast.
+Nothing heavy is imported (no torch, no gRPC): a trivial job starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -21,7 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import anyio
+
 if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
+
+    from aioelastic.agent._agent import ElasticAgent
     from aioelastic.agent._events import AgentEvent
     from aioelastic.agent._spec import LogSpec, Std
 
@@ -388,8 +392,6 @@ def run_command(args: argparse.Namespace) -> int:
     import importlib.util
     import logging
 
-    import anyio
-
     level = os.environ.get("LOGLEVEL", "WARNING").upper()  # torchrun's variable
     if not isinstance(logging.getLevelName(level), int):
         _one_line_error(f"LOGLEVEL={level!r} is not a logging level (DEBUG, INFO, WARNING, ...)")
@@ -419,6 +421,8 @@ def describe(event: AgentEvent) -> str | None:
     from aioelastic.agent._report import signal_name
 
     match event:
+        case ev.RendezvousJoining():
+            return f"joining rendezvous {event.run_id!r} ({event.backend})"
         case ev.RendezvousCompleted():
             return (
                 f"rendezvous complete: node {event.group_rank} of {event.group_world_size}, "
@@ -450,6 +454,27 @@ def describe(event: AgentEvent) -> str | None:
     return None
 
 
+class SignalRouter:
+    """Shutdown signals go to the agent once it exists; before that they end the launch."""
+
+    def __init__(self) -> None:
+        self.agent: ElasticAgent | None = None
+        self.received: int | None = None
+        self.early_exit = anyio.CancelScope()
+
+    async def watch(
+        self, signals: tuple[signal.Signals, ...], *, task_status: TaskStatus[None]
+    ) -> None:
+        with anyio.open_signal_receiver(*signals) as received:
+            task_status.started()
+            async for signum in received:
+                if self.agent is not None:
+                    self.agent.request_stop(signum)
+                else:
+                    self.received = signum
+                    self.early_exit.cancel()
+
+
 async def launch(config: LaunchConfig) -> int:
     """Rendezvous, run the agent, print the failure report; return the exit status."""
     from aioelastic.agent._agent import ElasticAgent
@@ -479,26 +504,42 @@ async def launch(config: LaunchConfig) -> int:
     except ValueError as exc:  # a bad backend name or option: the user's to fix
         _one_line_error(f"--rdzv-backend/--rdzv-conf: {exc}")
     observed = observe({}, events_file=config.events_file, metrics_port=config.metrics_port)
-    try:
-        async with observed as events, handler_context as handler:
-            spec = WorkerSpec(
-                config.entrypoint,
-                handler,
-                args=config.args,
-                role=config.role,
-                local_world_size=config.nproc_per_node,
-                max_restarts=config.max_restarts,
-                shutdown_timeout=config.shutdown_timeout,
-                logs=config.logs,
-            )
-            agent = ElasticAgent(spec, on_event=ConsoleReporter(), shutdown_signals=config.signals)
-            events.attach(agent, "agent")
-            result = await agent.run()
-    except (RendezvousParameterError, WorkerSpecError, EventLogError, MetricsPortError) as exc:
-        _one_line_error(str(exc))
-    except (RendezvousError, AgentError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+    router = SignalRouter()
+    result = None
+    with anyio.CancelScope() as router.early_exit:
+        async with anyio.create_task_group() as tg:
+            await tg.start(router.watch, config.signals)
+            try:
+                async with observed as events, handler_context as handler:
+                    spec = WorkerSpec(
+                        config.entrypoint,
+                        handler,
+                        args=config.args,
+                        role=config.role,
+                        local_world_size=config.nproc_per_node,
+                        max_restarts=config.max_restarts,
+                        shutdown_timeout=config.shutdown_timeout,
+                        logs=config.logs,
+                    )
+                    router.agent = ElasticAgent(spec, on_event=ConsoleReporter())
+                    events.attach(router.agent, "agent")
+                    result = await router.agent.run()
+            except (
+                RendezvousParameterError,
+                WorkerSpecError,
+                EventLogError,
+                MetricsPortError,
+            ) as exc:
+                _one_line_error(str(exc))
+            except (RendezvousError, AgentError) as exc:
+                print(f"{PROG}: {exc}", file=sys.stderr)
+                return 1
+            tg.cancel_scope.cancel()
+    if result is None:  # a signal came before any worker started
+        signum = router.received or signal.SIGTERM
+        message = f"{PROG}: stopped by {signal.Signals(signum).name} before any worker started"
+        print(message, file=sys.stderr)
+        return 128 + signum
     if result.failures:
         print(format_report(config.title, result.failures), file=sys.stderr)
     return result.exit_status

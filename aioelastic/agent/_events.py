@@ -19,6 +19,15 @@ class RunState(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class RendezvousJoining:
+    """The agent is joining a rendezvous round (it may wait there for other nodes)."""
+
+    run_id: str
+    backend: str
+    restart_count: int
+
+
+@dataclass(frozen=True, slots=True)
 class RendezvousCompleted:
     """This node joined a round: its group rank, the node count and the workers' world size."""
 
@@ -105,7 +114,8 @@ class RunFinished:
 
 
 AgentEvent = (
-    RendezvousCompleted
+    RendezvousJoining
+    | RendezvousCompleted
     | WorkersStarted
     | WorkerSucceeded
     | WorkerFailed

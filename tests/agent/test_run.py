@@ -69,6 +69,18 @@ async def test_signal_stops_everything_with_conventional_status(signum: signal.S
     assert f"received {signum.name}: stopping the workers" in run.err.text
 
 
+async def test_signal_while_waiting_for_other_nodes_exits_cleanly() -> None:
+    """A node still waiting for the others to join stops at once on SIGINT, status 130."""
+    argv = c10d_argv(free_port(), "2:2")
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, WORKER) as run:
+            await run.err.wait_for("joining rendezvous 'elastic-test' (c10d)")
+            run.send_signal(signal.SIGINT)
+            status = await run.wait()
+    assert status == 128 + signal.SIGINT, run
+    assert "run stopped: stopped by SIGINT" in run.err.text
+
+
 async def test_unknown_backend_fails_at_once_naming_it() -> None:
     """A bad rendezvous backend is a one-line error, exit status 2, and no worker starts."""
     with anyio.fail_after(BOUND):
