@@ -7,6 +7,7 @@ and, with ``tee``, copying the raw bytes to the file as well.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from aioelastic.agent._process import Redirect
 from aioelastic.agent._spec import LogSpec, Std, std_for
 
 _CHUNK = 65536
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +107,13 @@ class StreamPump:
             self._emit(b"".join(self._prefix + line + b"\n" for line in lines))
 
     def _emit(self, data: bytes) -> None:
-        if self._console is not None:
+        if self._console is None:
+            return
+        try:
             self._console(data)
+        except OSError as exc:  # the console went away (a closed pipe): keep draining the worker
+            logger.warning("worker output no longer shown: %s", exc)
+            self._console = None
 
 
 @dataclass(slots=True)

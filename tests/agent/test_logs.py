@@ -73,3 +73,24 @@ async def test_pump_prefixes_lines_and_tees_raw_bytes(tmp_path: Path) -> None:
         os.close(write_fd)
     assert b"".join(shown) == b"[3]: hello\n[3]: world\n[3]: no newline\n"
     assert log.read_bytes() == b"hello\nworld\nno newline"
+
+
+async def test_pump_keeps_draining_when_the_console_breaks(tmp_path: Path) -> None:
+    """A console that fails (closed pipe) is dropped after one try; the file gets everything."""
+    read_fd, write_fd = os.pipe()
+    attempts: list[bytes] = []
+
+    def console(data: bytes) -> None:
+        attempts.append(data)
+        raise BrokenPipeError(32, "Broken pipe")
+
+    log = tmp_path / "out.log"
+    pump = StreamPump(read_fd, prefix=b"", console=console, file=log.open("ab"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pump.run)
+        os.write(write_fd, b"one\n")
+        await anyio.wait_all_tasks_blocked()
+        os.write(write_fd, b"two\nthree")
+        os.close(write_fd)
+    assert len(attempts) == 1
+    assert log.read_bytes() == b"one\ntwo\nthree"
