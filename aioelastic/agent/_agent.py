@@ -644,5 +644,8 @@ class ElasticAgent:
         return tuple(sorted(failed, key=lambda f: f.timestamp))
 
     def _emit(self, event: AgentEvent) -> None:
-        for callback in list(self._subscribers):
-            callback(event)
+        for callback in tuple(self._subscribers):
+            try:
+                callback(event)
+            except Exception:  # a broken subscriber must not take the workers down
+                logger.exception("agent event subscriber %r failed on %r", callback, event)

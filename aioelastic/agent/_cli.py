@@ -406,13 +406,18 @@ class ConsoleReporter:
     def __init__(self, stream: Any = None) -> None:
         self._stream = stream
         self._start = time.monotonic()
+        self._broken = False
 
     def __call__(self, event: AgentEvent) -> None:
         text = describe(event)
-        if text is not None:
-            stream = self._stream or sys.stderr
+        if text is None or self._broken:
+            return
+        stream = self._stream or sys.stderr
+        try:
             print(f"[aioelastic +{time.monotonic() - self._start:.2f}s] {text}", file=stream)
             stream.flush()
+        except OSError:  # stderr went away (a closed pipe): the run goes on silently
+            self._broken = True
 
 
 def describe(event: AgentEvent) -> str | None:

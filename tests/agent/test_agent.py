@@ -315,3 +315,18 @@ async def test_tee_writes_the_console_and_the_file(handler: Any, tmp_path: Path)
     assert "done rank=0 attempt=0" in (run_dir / "0" / "stdout.log").read_text()
     assert "[1]: done rank=1 attempt=0 nodes=1\n" in out.text
     assert "rank=0" not in out.text
+
+
+async def test_a_failing_subscriber_does_not_stop_the_run(
+    handler: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event subscriber that raises is logged; the run goes on and succeeds."""
+
+    def broken(event: AgentEvent) -> None:
+        raise RuntimeError("subscriber bug")
+
+    agent = ElasticAgent(spec_for(handler, max_restarts=0), stdout=Console(), on_event=broken)
+    with anyio.fail_after(BOUND):
+        result = await agent.run()
+    assert result.state is RunState.SUCCEEDED
+    assert "agent event subscriber" in caplog.text
