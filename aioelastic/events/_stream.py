@@ -95,9 +95,12 @@ class EventStream:
 
         return unsubscribe
 
-    def publish(self, source: str, event: object) -> EventRecord:
-        """Stamp ``event`` from ``source`` and deliver it to every subscriber; return the record."""
-        record = EventRecord(self._clock(), self.node, source, event)
+    def publish(self, source: str, event: object, *, node: str | None = None) -> EventRecord:
+        """Stamp ``event`` from ``source`` and deliver it to every subscriber; return the record.
+
+        ``node`` overrides the stream's node name (a simulation publishing for many nodes).
+        """
+        record = EventRecord(self._clock(), self.node if node is None else node, source, event)
         self._published += 1
         self._by_kind[record.kind] += 1
         for callback in list(self._subscribers):
@@ -112,11 +115,16 @@ class EventStream:
                 )
         return record
 
-    def attach(self, component: Emitter, source: str) -> Callable[[], None]:
-        """Publish every event ``component`` emits as coming from ``source``; returns a detach."""
+    def attach(
+        self, component: Emitter, source: str, *, node: str | None = None
+    ) -> Callable[[], None]:
+        """Publish every event ``component`` emits as coming from ``source`` (on ``node``).
+
+        Returns a function that detaches the component.
+        """
 
         def forward(event: object) -> None:
-            self.publish(source, event)
+            self.publish(source, event, node=node)
 
         return component.subscribe(forward)
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from aioelastic.agent import ElasticAgent, RunResult, WorkerSpec
+from aioelastic.events import EventStream
 from aioelastic.rendezvous import RendezvousInfo, RendezvousParameters
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._parameters import ElasticSettings
@@ -52,6 +54,12 @@ class Node:
         self._join_scope: anyio.CancelScope | None = None
         self._leave = anyio.Event()
         self._left = anyio.Event()
+        self.agent: ElasticAgent | None = None
+        """The agent started on this node by :meth:`RendezvousCluster.start_agents`."""
+        self.result: RunResult | None = None
+        """What the node's agent returned."""
+        self._agent_scope: anyio.CancelScope | None = None
+        self._agent_done = anyio.Event()
 
     def __repr__(self) -> str:
         state = "joining" if self.joining else ("left" if self._left.is_set() else "idle")
@@ -92,6 +100,25 @@ class Node:
             finally:
                 self._joined.set()
 
+    async def _run_agent(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        assert self.agent is not None
+        with anyio.CancelScope() as scope:
+            self._agent_scope = scope
+            task_status.started()
+            try:
+                self.result = await self.agent.run()
+            finally:
+                self._agent_done.set()
+
+    async def wait_agent(self) -> RunResult:
+        """Wait for this node's agent to finish; return its result."""
+        await self._agent_done.wait()
+        if self.result is None:
+            raise LookupError(f"the agent of {self.name} was stopped before it returned")
+        return self.result
+
     async def _host(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the handler entered (in this task) until the node leaves."""
         try:
@@ -100,6 +127,9 @@ class Node:
                 await self._leave.wait()
                 if self._join_scope is not None:
                     self._join_scope.cancel()
+                if self._agent_scope is not None:
+                    self._agent_scope.cancel()
+                    await self._agent_done.wait()  # its workers are stopped before the handler
         except Exception as error:
             if not self.store.partitioned:
                 raise
@@ -144,6 +174,8 @@ class RendezvousCluster:
         self._size = size
         self._names = (f"node{i}" for i in itertools.count())
         self._tg: TaskGroup | None = None
+        self.events = EventStream(node="cluster")
+        """Events of the nodes' agents (and handlers that emit events), by node name."""
 
     def __repr__(self) -> str:
         return f"RendezvousCluster({len(self.nodes)} nodes, run_id={self.run_id!r}, {self.clock!r})"
@@ -203,7 +235,10 @@ class RendezvousCluster:
         await node._left.wait()
 
     async def crash(self, node: Node) -> None:
-        """Stop ``node`` as a crash would: no goodbye, its liveness key expires on its own."""
+        """Stop ``node`` as a crash would: no goodbye, its liveness key expires on its own.
+
+        Its agent, if one runs, is cancelled (which stops its workers) before the handler goes.
+        """
         node.store.partition()
         await self.leave(node)
 
@@ -257,6 +292,34 @@ class RendezvousCluster:
         chosen = list(self.nodes if nodes is None else nodes)
         await self.start_join(chosen)
         return await self.wait_joined(chosen)
+
+    # -- agents -----------------------------------------------------------------------------
+
+    async def start_agents(
+        self,
+        make_spec: Callable[[Node], WorkerSpec],
+        nodes: Iterable[Node] | None = None,
+        **agent_options: Any,
+    ) -> None:
+        """Run an :class:`~aioelastic.agent.ElasticAgent` on ``nodes`` (default: all) in the
+        background, with the spec ``make_spec(node)`` gives (its ``rdzv_handler`` is usually
+        ``node.handler``); their events go to :attr:`events` under the node's name.
+        """
+        tg = self._require_running()
+        for node in self.nodes if nodes is None else nodes:
+            node.agent = ElasticAgent(make_spec(node), **agent_options)
+            self.events.attach(node.agent, "agent", node=node.name)
+            node._agent_done = anyio.Event()
+            await tg.start(node._run_agent)
+
+    async def wait_agents(self, nodes: Sequence[Node] | None = None) -> list[RunResult]:
+        """Wait for the agents of ``nodes`` (default: all that have one); return their results.
+
+        Time on the cluster's clock does not move meanwhile: call :meth:`advance` from another
+        task when a round needs its last call.
+        """
+        chosen = [n for n in (self.nodes if nodes is None else nodes) if n.agent is not None]
+        return [await node.wait_agent() for node in chosen]
 
     # -- time -------------------------------------------------------------------------------
 

@@ -33,13 +33,13 @@ class EventRecorder:
         """The kinds recorded so far (only from ``source`` if given), in order."""
         return [r.kind for r in self.records if source is None or r.source == source]
 
-    def of(self, kind: str) -> list[EventRecord]:
-        """The records of ``kind``, in order."""
-        return [r for r in self.records if r.kind == kind]
+    def of(self, kind: str, *, node: str | None = None) -> list[EventRecord]:
+        """The records of ``kind`` (from ``node`` if given), in order."""
+        return [r for r in self.records if r.kind == kind and node in (None, r.node)]
 
-    async def wait_for(self, kind: str, count: int = 1) -> EventRecord:
-        """Return the ``count``-th record of ``kind``, waiting until it arrives."""
-        while len(found := self.of(kind)) < count:
+    async def wait_for(self, kind: str, count: int = 1, *, node: str | None = None) -> EventRecord:
+        """Return the ``count``-th record of ``kind`` (from ``node``), waiting until it arrives."""
+        while len(found := self.of(kind, node=node)) < count:
             self._changed = anyio.Event()
             await self._changed.wait()
         return found[count - 1]
