@@ -197,7 +197,8 @@ async def test_two_agents_form_a_job_through_etcd(etcd_server: EtcdCluster) -> N
     outputs: list[str] = []
 
     async def agent() -> None:
-        result = await anyio.run_process(command, check=True)
+        result = await anyio.run_process(command, check=False)
+        assert result.returncode == 0, result.stderr.decode()
         outputs.append(result.stdout.decode())
 
     with anyio.fail_after(90):
