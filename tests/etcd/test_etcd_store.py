@@ -184,7 +184,8 @@ def test_user_without_password_is_refused() -> None:
 async def test_a_revoked_session_lease_is_reported_and_replaced(
     etcd_server: EtcdCluster, etcd_prefix: str
 ) -> None:
-    """When the store's session lease disappears, the keepalive task reports it and renews."""
+    """When the store's session lease disappears, the keepalive task reports it to the
+    subscribers and starts a new session."""
     lost = anyio.Event()
     events: list[EtcdStoreEvent] = []
 
@@ -193,9 +194,11 @@ async def test_a_revoked_session_lease_is_reported_and_replaced(
         if isinstance(event, EtcdLeaseLost):
             lost.set()
 
+    unsubscribed: list[EtcdStoreEvent] = []
     async with EtcdStore(
         etcd_server.endpoints, prefix=etcd_prefix, session_ttl=3, on_event=on_event
     ) as store:
+        store.subscribe(unsubscribed.append)()  # subscribed, then unsubscribed at once
         session = store.statistics().session_lease
         assert session is not None
         with grpc.insecure_channel(etcd_server.endpoints) as channel:
@@ -207,6 +210,7 @@ async def test_a_revoked_session_lease_is_reported_and_replaced(
     assert [(e.lease_id, e.key) for e in events if isinstance(e, EtcdLeaseLost)] == [
         (session, None)
     ]
+    assert unsubscribed == []
 
 
 async def test_wait_for_change_from_compacted_history_returns_early(
