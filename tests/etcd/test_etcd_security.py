@@ -7,10 +7,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import grpc
 import pytest
 from aetcd import rpc
 
+from aioelastic.rendezvous import RendezvousHandler, RendezvousParameters, get_rendezvous_handler
 from aioelastic.store import StoreConnectionError, StoreRefusedError
 from aioelastic.store._etcd import EtcdStore
 from aioelastic.store._etcd_process import EtcdCluster
@@ -138,3 +140,33 @@ async def test_no_credentials_on_an_auth_cluster_is_refused(
     async with EtcdStore(auth_etcd.endpoints, prefix=etcd_prefix, retry_timeout=1) as store:
         with pytest.raises(StoreRefusedError, match="user name and password are required"):
             await store.set("k", b"anonymous")
+
+
+async def test_rendezvous_over_tls_from_rdzv_conf(
+    tls_etcd: EtcdCluster, certificates: Path
+) -> None:
+    """The etcd backend takes protocol, cacert, cert and key from its config (strings, as
+    --rdzv-conf gives them) and forms a round over TLS."""
+    pki = certificates
+    params = RendezvousParameters(
+        "etcd",
+        tls_etcd.endpoints,
+        "tls-job",
+        2,
+        2,
+        local_addr="127.0.0.1",
+        protocol="https",
+        cacert=str(pki / "ca.pem"),
+        cert=str(pki / "client.pem"),
+        key=str(pki / "client.key"),
+    )
+    handlers = [get_rendezvous_handler(params) for _ in range(2)]
+    ranks: list[int] = []
+
+    async def join(handler: RendezvousHandler) -> None:
+        ranks.append((await handler.next_rendezvous()).rank)
+
+    async with handlers[0], handlers[1], anyio.create_task_group() as tg:
+        for handler in handlers:
+            tg.start_soon(join, handler)
+    assert sorted(ranks) == [0, 1]
