@@ -135,7 +135,7 @@ class FileTimerServer(TimerServerBase):
 
         Something waits when bytes sit unread in the FIFO or a deadline has passed unhandled.
         """
-        now = time.time()
+        now = self._wall_clock()
         if self._fd is None:
             return int(now)
         pending = int.from_bytes(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import abc
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
@@ -80,7 +79,7 @@ class TimerServerBase(abc.ABC):
         self._expired = 0
         self._reaped = 0
         self._rejected: Counter[RejectReason] = Counter()
-        self._last_progress = time.time()
+        self._last_progress = wall_clock()
 
     # -- public surface -------------------------------------------------------------------
 
@@ -140,7 +139,7 @@ class TimerServerBase(abc.ABC):
                 self._task_group = group
                 group.start_soon(self._serve_requests)
                 group.start_soon(self._expire_loop)
-                self._last_progress = time.time()
+                self._last_progress = self._wall_clock()
                 self._log("watchdog started", None)
                 task_status.started()
         finally:
@@ -195,8 +194,8 @@ class TimerServerBase(abc.ABC):
 
     def _apply(self, items: Iterable[TimerRequest | Rejection]) -> None:
         """Apply decoded requests in order; a rejection costs only its own line."""
-        now = self._clock.now()
-        offset = now - self._wall_clock()
+        now, wall = self._clock.now(), self._wall_clock()
+        offset = now - wall
         heap, emit = self._heap, bool(self._subscribers)
         earliest = math.inf
         for item in items:
@@ -224,7 +223,7 @@ class TimerServerBase(abc.ABC):
                         item.pid, item.scope_id, deadline, item.expiration_time, item.signal
                     )
                 )
-        self._last_progress = time.time()
+        self._last_progress = wall
         if earliest < self._sleeping_until and self._sleep_scope is not None:
             self._sleeping_until = -math.inf
             self._sleep_scope.cancel()
@@ -274,4 +273,4 @@ class TimerServerBase(abc.ABC):
             self._emit(expired)
             self._log("timer expired", as_request(timer))
             self._on_expired(timer, expired)
-        self._last_progress = time.time()
+        self._last_progress = self._wall_clock()

@@ -729,3 +729,20 @@ async def test_one_server_serves_once_at_a_time(
     async with server_for(fifo, recorder, clock) as server:
         with pytest.raises(RuntimeError, match="FileTimerServer is already serving"):
             await server.serve()
+
+
+async def test_last_progress_time_stays_put_while_requests_wait(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
+) -> None:
+    """With unread bytes in the FIFO, the progress time is when the server last read, not now."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        arm(fifo, worker.pid, "a", wall() + 60)
+        await recorder.wait_count(TimerAcquired, 1)
+        read_at = int(wall())
+        wall.offset += 120
+        assert server.get_last_progress_time() == int(wall())  # idle: nothing waits
+        arm(fifo, worker.pid, "b", wall() + 60)  # not read yet: no await since the write
+        assert server.get_last_progress_time() == read_at
+        await recorder.wait_count(TimerAcquired, 2)
+        assert server.get_last_progress_time() == int(wall())
