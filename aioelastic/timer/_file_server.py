@@ -102,8 +102,9 @@ class FileTimerServer(TimerServerBase):
         super().__init__(
             run_id, log_event=log_event, on_event=on_event, clock=clock, wall_clock=wall_clock
         )
-        if kill_grace is not None and kill_grace < 0:
-            raise TimerConfigError(f"kill_grace must be >= 0 seconds, got {kill_grace!r}")
+        for name, seconds in (("kill_grace", kill_grace), ("hook_timeout", hook_timeout)):
+            if seconds is not None and not seconds >= 0:
+                raise TimerConfigError(f"{name} must be >= 0 seconds, got {seconds!r}")
         self._requested_path = None if file_path is None else os.fspath(file_path)
         self._path: str | None = None
         self._private_dir: str | None = None

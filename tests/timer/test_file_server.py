@@ -447,10 +447,12 @@ async def test_hung_before_reap_hook_cannot_save_the_worker(
         assert await wait_exit(worker) == -signal.SIGKILL
 
 
-def test_negative_grace_is_refused(fifo: str) -> None:
-    """A negative kill_grace is a configuration error naming the value."""
-    with pytest.raises(TimerConfigError, match="kill_grace must be >= 0 seconds, got -1"):
-        FileTimerServer(fifo, "test", kill_grace=-1)
+@pytest.mark.parametrize("option", ["kill_grace", "hook_timeout"])
+def test_negative_durations_are_refused(fifo: str, option: str) -> None:
+    """A negative kill_grace or hook_timeout is a configuration error naming the value."""
+    options: dict[str, Any] = {option: -1}
+    with pytest.raises(TimerConfigError, match=f"{option} must be >= 0 seconds, got -1"):
+        FileTimerServer(fifo, "test", **options)
 
 
 # -- safety ----------------------------------------------------------------------------------
