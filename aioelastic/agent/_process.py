@@ -5,19 +5,24 @@ on every event loop, with no thread per child (asyncio 3.11's default child watc
 start one); signalling through it cannot hit a recycled pid. Each worker leads its own
 session, so its process group holds its grandchildren too: ``killpg`` reaches them. When the
 worker exits, its group is killed *before* the worker is reaped, while the zombie still pins
-the group id, so no recycled group is ever signalled. On Linux the worker also asks the kernel
-to SIGKILL it if the agent dies (``PR_SET_PDEATHSIG``), so even ``kill -9`` of the agent
-leaves no worker behind.
+the group id, so no recycled group is ever signalled.
+
+A worker also dies with the agent, even on ``kill -9``: it starts through util-linux's
+``setpriv --pdeathsig KILL``, which sets ``PR_SET_PDEATHSIG`` and execs the worker in the same
+process. Doing it with a ``preexec_fn`` instead would force ``fork()`` (slower than the
+``vfork()`` subprocess uses) and run other libraries' fork handlers in the child, which crash
+with gRPC threads running (the etcd backend). Without ``setpriv`` workers start unprotected.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import IO
 
@@ -25,32 +30,21 @@ import anyio
 
 from aioelastic.agent._errors import WorkerSpawnError
 
-_PR_SET_PDEATHSIG = 1
-
 Redirect = int | IO[bytes] | None
 """A child's stdout/stderr: inherit (None), ``subprocess.DEVNULL``, a file descriptor or file."""
 
 
 @functools.cache
-def _prctl() -> Callable[[int, int], int]:
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """Return a ``preexec_fn`` that makes the child die when this thread dies (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = _prctl()
-    parent = os.getpid()
-
-    def setup() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the agent died before prctl took effect
-            os._exit(1)
-
-    return setup
+def die_with_agent_prefix() -> tuple[str, ...]:
+    """The command prefix making a worker die with the agent, or ``()`` where unavailable."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    if setpriv is None:
+        return ()
+    prefix = (setpriv, "--pdeathsig", "KILL", "--")
+    probe = subprocess.run(  # util-linux before 2.33 has no --pdeathsig
+        [*prefix, setpriv, "--version"], capture_output=True, check=False
+    )
+    return prefix if probe.returncode == 0 else ()
 
 
 class WorkerProcess:
@@ -72,16 +66,20 @@ class WorkerProcess:
         cwd: str | None = None,
     ) -> WorkerProcess:
         """Start ``argv`` in a new session with ``env``; raise :class:`WorkerSpawnError`."""
+        program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
+        if program is None:  # checked here: behind setpriv, exec errors would be exit codes
+            raise WorkerSpawnError(
+                list(argv), FileNotFoundError(2, "not found or not executable", argv[0])
+            )
         try:
             popen = subprocess.Popen(
-                list(argv),
+                [*die_with_agent_prefix(), program, *argv[1:]],
                 env=dict(env),
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(),
             )
         except OSError as exc:
             raise WorkerSpawnError(list(argv), exc) from exc

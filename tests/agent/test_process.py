@@ -98,9 +98,8 @@ async def test_worker_dies_with_a_killed_agent() -> None:
         import os, sys, anyio
         from aioelastic.agent._process import WorkerProcess
         async def main():
-            w = WorkerProcess.spawn([sys.executable, "-c", "import time; time.sleep(600)"],
-                                    os.environ)
-            print(w.pid, flush=True)
+            code = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+            w = WorkerProcess.spawn([sys.executable, "-c", code], os.environ)
             await w.watch()
         anyio.run(main)
         """,
@@ -110,7 +109,7 @@ async def test_worker_dies_with_a_killed_agent() -> None:
     with anyio.fail_after(BOUND):
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.watch)
-            orphan = int(await read_line(read_fd))
+            orphan = int(await read_line(read_fd))  # written by the worker: it is running
             agent.signal_group(signal.SIGKILL)
         await wait_gone(orphan)
     os.close(read_fd)
@@ -120,6 +119,8 @@ async def test_missing_program_is_a_clear_error() -> None:
     """Starting a program that does not exist names it and says what to check."""
     with pytest.raises(WorkerSpawnError, match=r"could not start worker '/no/such/program'"):
         WorkerProcess.spawn(["/no/such/program"], os.environ)
+    with pytest.raises(WorkerSpawnError, match=r"could not start worker 'no-such-command-x'"):
+        WorkerProcess.spawn(["no-such-command-x"], os.environ)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
