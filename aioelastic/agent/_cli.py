@@ -482,7 +482,7 @@ class SignalRouter:
 
 async def launch(config: LaunchConfig) -> int:
     """Rendezvous, run the agent, print the failure report; return the exit status."""
-    from aioelastic.agent._agent import ElasticAgent
+    from aioelastic.agent._agent import ElasticAgent, unwrap_single_error
     from aioelastic.agent._errors import AgentError, WorkerSpecError
     from aioelastic.agent._report import format_report
     from aioelastic.agent._spec import WorkerSpec
@@ -511,10 +511,10 @@ async def launch(config: LaunchConfig) -> int:
     observed = observe({}, events_file=config.events_file, metrics_port=config.metrics_port)
     router = SignalRouter()
     result = None
-    with anyio.CancelScope() as router.early_exit:
-        async with anyio.create_task_group() as tg:
-            await tg.start(router.watch, config.signals)
-            try:
+    try:
+        with unwrap_single_error(), anyio.CancelScope() as router.early_exit:
+            async with anyio.create_task_group() as tg:
+                await tg.start(router.watch, config.signals)
                 async with observed as events, handler_context as handler:
                     spec = WorkerSpec(
                         config.entrypoint,
@@ -529,17 +529,12 @@ async def launch(config: LaunchConfig) -> int:
                     router.agent = ElasticAgent(spec, on_event=ConsoleReporter())
                     events.attach(router.agent, "agent")
                     result = await router.agent.run()
-            except (
-                RendezvousParameterError,
-                WorkerSpecError,
-                EventLogError,
-                MetricsPortError,
-            ) as exc:
-                _one_line_error(str(exc))
-            except (RendezvousError, AgentError) as exc:
-                print(f"{PROG}: {exc}", file=sys.stderr)
-                return 1
-            tg.cancel_scope.cancel()
+                tg.cancel_scope.cancel()
+    except (RendezvousParameterError, WorkerSpecError, EventLogError, MetricsPortError) as exc:
+        _one_line_error(str(exc))
+    except (RendezvousError, AgentError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     if result is None:  # a signal came before any worker started
         signum = router.received or signal.SIGTERM
         message = f"{PROG}: stopped by {signal.Signals(signum).name} before any worker started"

@@ -81,14 +81,23 @@ async def test_signal_while_waiting_for_other_nodes_exits_cleanly() -> None:
     assert "run stopped: stopped by SIGINT" in run.err.text
 
 
-async def test_unknown_backend_fails_at_once_naming_it() -> None:
-    """A bad rendezvous backend is a one-line error, exit status 2, and no worker starts."""
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["--rdzv-backend", "nosuch"], "nosuch"),
+        (["--standalone", "--rdzv-conf", "join_timeout=-1"], "join_timeout"),
+        (["--standalone", "--role="], "role"),
+    ],
+)
+async def test_bad_settings_fail_at_once_naming_them(argv: list[str], name: str) -> None:
+    """Settings refused by the rendezvous or the spec: one line, exit status 2, no worker."""
     with anyio.fail_after(BOUND):
-        async with launched("--rdzv-backend", "nosuch", WORKER) as run:
+        async with launched(*argv, WORKER) as run:
             status = await run.wait()
     assert status == 2, run
-    assert run.err.text.count("\n") == 1
-    assert "nosuch" in run.err.text
+    assert run.err.text.count("\n") == 1, run
+    assert name in run.err.text
+    assert run.out.text == ""
 
 
 async def test_static_rendezvous_across_two_agents() -> None:
