@@ -141,6 +141,13 @@ class _Session:
         self._free.append(slot)
 
 
+@dataclass(frozen=True, slots=True)
+class _Guess:
+    """What a key is believed to hold (None: missing) when it was not read first."""
+
+    value: bytes | None
+
+
 def _range_end(prefix: bytes) -> bytes:
     """The end of etcd's key range holding every key that starts with ``prefix``."""
     data = bytearray(prefix)
@@ -208,6 +215,7 @@ class EtcdStore(Store):
         self._tokens = itertools.count(1)
         self._ttl_leases: dict[bytes, tuple[int, int]] = {}  # key -> (lease id, seconds)
         self._adders: dict[bytes, AddCombiner] = {}
+        self._last_written: dict[bytes, bytes] = {}  # key -> value of this store's last add
         closed = functools.partial(StoreClosedError, f"the etcd store {self._endpoint} closed")
         self._shared_reads: SharedCalls[Hashable, Any] = SharedCalls(
             join_running=False, closed=closed
@@ -487,6 +495,7 @@ class EtcdStore(Store):
         key: bytes,
         change: Callable[[bytes | None], bytes | None],
         guesses: int = 1,
+        blind: bool = False,
     ) -> tuple[bytes | None, bytes | None]:
         """Apply ``change`` to the value at ``key`` exactly once, keeping the key's lease.
 
@@ -494,10 +503,15 @@ class EtcdStore(Store):
         written (None if nothing was) and the value read last. With ``guesses > 1`` the
         transaction also carries fallbacks for values other writers may have written in the
         meantime (``change`` applied again), so contending writers of the same change (adds
-        of one amount) all succeed in one round instead of one per round.
+        of one amount) all succeed in one round instead of one per round. ``blind`` skips the
+        first read: the first transaction starts from the value this store last wrote there
+        (or a missing key), and reads the key back only if that guess and its fallbacks miss.
         """
         self._check_serving()
-        _, (kv,) = await self._read([key])
+        if blind:
+            kv: Any = _Guess(self._last_written.get(key))
+        else:
+            _, (kv,) = await self._read([key])
         while True:
             session = self._session
             if session is None:
@@ -511,6 +525,10 @@ class EtcdStore(Store):
             finally:
                 session.give_back(slot)
             if outcome is not None:
+                if outcome[0] is not None and blind:
+                    if len(self._last_written) >= 4096:
+                        self._last_written.clear()
+                    self._last_written[key] = outcome[0]
                 return outcome
             _, (kv,) = await self._read([key])  # the session was replaced: start over
 
@@ -771,7 +789,7 @@ class EtcdStore(Store):
                 base = parse_int(key, current) if current is not None else 0
                 return str(base + total).encode()
 
-            written, _ = await self._update("add", full, change, guesses=ADD_GUESSES)
+            written, _ = await self._update("add", full, change, ADD_GUESSES, blind=True)
             return int(written or b"0")
 
         combiner = self._adders.setdefault(full, AddCombiner())
@@ -897,7 +915,8 @@ def _update_request(
     """The transaction of one read-modify-write attempt (see the module docstring).
 
     If the marker is unchanged, branch 0 writes ``values[0]`` if the key is still as read
-    (same mod revision, keeping its lease); otherwise branch ``i`` writes ``values[i]`` if
+    (same mod revision, keeping its lease) or, for a :class:`_Guess`, holds the guessed
+    value (or is missing); otherwise branch ``i`` writes ``values[i]`` if
     the key now holds ``values[i - 1]`` (keeping whatever lease it has); each branch also
     writes its own token to the marker. When no branch applies, the key is read back.
     """
@@ -919,9 +938,12 @@ def _update_request(
 
     otherwise = [read(key)]
     for i in reversed(range(len(values))):
-        if i == 0:
-            compare = same_mod(key, kv.mod_revision if kv is not None else 0)
-            write = put(key, values[0], lease=kv.lease if kv is not None else 0)
+        if i == 0 and isinstance(kv, _Guess) and kv.value is not None:
+            compare, write = holds(kv.value), put(key, values[0], ignore_lease=True)
+        elif i == 0:
+            known = kv is not None and not isinstance(kv, _Guess)
+            compare = same_mod(key, kv.mod_revision if known else 0)
+            write = put(key, values[0], lease=kv.lease if known else 0)
         else:
             compare, write = holds(values[i - 1]), put(key, values[i], ignore_lease=True)
         branch = rpc.TxnRequest(

@@ -227,12 +227,27 @@ async def test_wait_for_change_from_compacted_history_returns_early(
         assert await etcd_store.wait_for_change("p/", after=old) >= now
 
 
-async def test_an_uncontended_add_costs_one_read_and_one_transaction(etcd_store: EtcdStore) -> None:
-    """add is a read plus one compare-and-set transaction."""
-    await etcd_store.add("n", 1)
-    before = etcd_store.statistics().requests
-    assert await etcd_store.add("n", 1) == 2
-    assert etcd_store.statistics().requests - before == 2
+async def test_an_add_costs_one_transaction_unless_the_key_surprises_it(
+    etcd_server: EtcdCluster, etcd_prefix: str
+) -> None:
+    """An add does not read first: it starts from a missing key or the value this store last
+    wrote, with fallbacks for other clients' adds; only a value outside them costs a retry."""
+    async with (
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as store,
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as other,
+    ):
+
+        async def requests_for_add(expected: int) -> int:
+            before = store.statistics().requests
+            assert await store.add("n", 1) == expected
+            return store.statistics().requests - before
+
+        assert await requests_for_add(1) == 1  # a missing key
+        assert await requests_for_add(2) == 1  # the value it wrote
+        await other.add("n", 5)
+        assert await requests_for_add(8) == 1  # 7 is among the fallbacks (2, 3, ..., 33)
+        await other.set("n", b"1000")
+        assert await requests_for_add(1001) == 2  # outside them: the key is read back
 
 
 async def test_a_burst_of_adds_is_combined(etcd_store: EtcdStore) -> None:
