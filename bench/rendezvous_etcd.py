@@ -176,16 +176,22 @@ def main() -> None:
             cases.append((f"{args.handlers} handlers, 1 process", args.handlers, in_process))
         print(f"etcd rendezvous formation, local single-member etcd, median of {args.repeat}")
         print(
-            f"{'case':<28}{'aioelastic':>12}{'target':>10}{'target/ours':>13}{'requests/node':>15}"
+            f"{'case':<28}{'aioelastic':>12}{'min-max':>16}{'target':>10}{'target/ours':>13}"
+            f"{'requests/node':>15}"
         )
         for label, nodes, measure in cases:
             runs = [measure(endpoint, nodes) for _ in range(args.repeat)]
-            seconds = statistics.median(r[0] for r in runs)
+            times = sorted(r[0] * 1000 for r in runs)
+            milliseconds = statistics.median(times)
             requests = statistics.median(r[1] for r in runs)
             target = TARGETS.get(nodes)
-            ratio = f"{target / seconds:.1f}x" if target else "-"
+            ratio = f"{target * 1000 / milliseconds:.1f}x" if target else "-"
             shown = f"{target * 1000:.0f} ms" if target else "-"
-            print(f"{label:<28}{seconds * 1000:>9.1f} ms{shown:>10}{ratio:>13}{requests:>15.1f}")
+            spread = f"{times[0]:.0f}-{times[-1]:.0f} ms"
+            print(
+                f"{label:<28}{milliseconds:>9.1f} ms{spread:>16}{shown:>10}{ratio:>13}"
+                f"{requests:>15.1f}"
+            )
         print("torch: no etcd v3 rendezvous to compare with (its etcd backend is v2-only)")
 
 
