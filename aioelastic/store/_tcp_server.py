@@ -14,16 +14,18 @@ cannot be trusted closes that connection. Each connection logs its first problem
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import enum
 import hmac
 import ipaddress
 import logging
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Self, cast
 
 import anyio
 import anyio.abc
@@ -109,6 +111,7 @@ class TCPStoreServer:
         self._token = token.encode() if isinstance(token, str) else token
         self._port: int | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._waits: anyio.abc.TaskGroup | None = None
         self._connections = 0
         self._connections_total = 0
         self._requests = 0
@@ -144,10 +147,19 @@ class TCPStoreServer:
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Listen and serve until cancelled; reports the bound port through ``task_status``."""
-        listener = await anyio.create_tcp_listener(
-            local_host=self.host, local_port=self.requested_port
-        )
-        self._port = listener.extra(SocketAttribute.local_port)
+        try:
+            async with anyio.create_task_group() as waits:
+                self._waits = waits
+                if _on_asyncio():
+                    await self._serve_asyncio(task_status)
+                else:
+                    await self._serve_streams(task_status)
+        finally:
+            self._waits = None
+            await self.store.aclose()
+
+    def _listening(self, port: int) -> None:
+        self._port = port
         if self._token is None and not _is_loopback(self.host):
             log.warning(
                 "store server on %s accepts any client: no token was given for a "
@@ -155,12 +167,32 @@ class TCPStoreServer:
                 self.endpoint,
             )
         log.info("store server listening on %s", self.endpoint)
+
+    async def _serve_asyncio(self, task_status: anyio.abc.TaskStatus[int]) -> None:
+        """Serve through asyncio protocols: replies are written from the read callback."""
+        loop = asyncio.get_running_loop()
+        connections: set[_AsyncioConnection] = set()
+        listener = await loop.create_server(
+            lambda: _AsyncioConnection(self, connections), self.host, self.requested_port
+        )
         try:
-            async with listener:
-                task_status.started(self._port)
-                await listener.serve(self._serve_connection)
+            self._listening(listener.sockets[0].getsockname()[1])
+            task_status.started(self.port)
+            await anyio.sleep_forever()
         finally:
-            await self.store.aclose()
+            listener.close()
+            for connection in list(connections):
+                connection.transport.abort()
+
+    async def _serve_streams(self, task_status: anyio.abc.TaskStatus[int]) -> None:
+        """Serve through anyio streams (trio, or any backend without asyncio protocols)."""
+        listener = await anyio.create_tcp_listener(
+            local_host=self.host, local_port=self.requested_port
+        )
+        async with listener:
+            self._listening(listener.extra(SocketAttribute.local_port))
+            task_status.started(self.port)
+            await listener.serve(self._serve_stream)
 
     async def __aenter__(self) -> Self:
         task_group = anyio.create_task_group()
@@ -185,14 +217,47 @@ class TCPStoreServer:
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(exc_type, exc, tb)
 
-    async def _serve_connection(self, stream: anyio.abc.SocketStream) -> None:
-        self._connections += 1
-        self._connections_total += 1
+    async def _serve_stream(self, stream: anyio.abc.SocketStream) -> None:
+        lock = anyio.Lock()
+
+        async def send(data: bytes) -> None:
+            async with lock:
+                await stream.send(data)
+
+        try:
+            address = stream.extra(SocketAttribute.remote_address)
+        except anyio.TypedAttributeLookupError:
+            address = None
+        session = _Session(self, _peer_name(address), send)
         try:
             async with stream:
-                await _Connection(self, stream).run()
+                with anyio.move_on_after(self.handshake_timeout):
+                    while session.phase is not _Phase.OPEN:
+                        if not await self._exchange(stream, session, send):
+                            return
+                if session.phase is not _Phase.OPEN:
+                    session.expire_handshake()
+                    return
+                while await self._exchange(stream, session, send):
+                    pass
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the client went away
+        except OSError as error:
+            log.debug("store client %s: connection error: %s", session.peer, error)
         finally:
-            self._connections -= 1
+            session.close()
+
+    @staticmethod
+    async def _exchange(
+        stream: anyio.abc.SocketStream,
+        session: _Session,
+        send: Callable[[bytes], Awaitable[None]],
+    ) -> bool:
+        """Receive once, send what the session answers; return whether to go on."""
+        replies = session.receive(await stream.receive(_RECEIVE_SIZE))
+        if replies:
+            await send(replies)
+        return not session.closing
 
     def _check_token(self, offered: bytes) -> str | None:
         """Return why ``offered`` is refused, or None if the client may proceed."""
@@ -205,23 +270,103 @@ class TCPStoreServer:
         return None
 
 
-class _Connection:
-    """One client connection: handshake, then requests until the client goes away."""
+class _Phase(enum.Enum):
+    PREAMBLE = "preamble"
+    HELLO = "hello"
+    OPEN = "open"
+    CLOSED = "closed"
 
-    def __init__(self, server: TCPStoreServer, stream: anyio.abc.SocketStream) -> None:
+
+def _peer_name(address: object) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return "unknown peer" if address is None else str(address)
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class _AsyncioConnection(asyncio.Protocol):
+    """Drives a :class:`_Session` from asyncio's callbacks (no task per read or reply)."""
+
+    transport: asyncio.Transport
+
+    def __init__(self, server: TCPStoreServer, connections: set[_AsyncioConnection]) -> None:
+        self.server = server
+        self.connections = connections
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.connections.add(self)
+        self.session = _Session(
+            self.server, _peer_name(transport.get_extra_info("peername")), self.send
+        )
+        self.timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            self.server.handshake_timeout, self._handshake_expired
+        )
+
+    def data_received(self, data: bytes) -> None:
+        session = self.session
+        replies = session.receive(data)
+        if replies:
+            self.transport.write(replies)
+        if session.closing:
+            self.transport.close()
+        elif self.timer is not None and session.phase is _Phase.OPEN:
+            self.timer.cancel()
+            self.timer = None
+
+    def _handshake_expired(self) -> None:
+        self.timer = None
+        if self.session.phase is not _Phase.OPEN:
+            self.session.expire_handshake()
+            self.transport.abort()
+
+    def pause_writing(self) -> None:
+        self.transport.pause_reading()  # a client that does not read gets no more answers
+
+    def resume_writing(self) -> None:
+        self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.connections.discard(self)
+        self.session.close()
+
+    async def send(self, data: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+
+class _Session:
+    """One connection's protocol state, without I/O: bytes in, reply bytes out.
+
+    The handshake (preamble, version, token) comes first; then each request is answered at
+    once, or parked in the server's task group when it must wait (its reply then goes out
+    through ``send``). :meth:`close` withdraws the connection's parked waits.
+    """
+
+    def __init__(
+        self, server: TCPStoreServer, peer: str, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        server._connections += 1
+        server._connections_total += 1
         self.server = server
         self.store = server.store
-        self.stream = stream
-        try:
-            address = stream.extra(SocketAttribute.remote_address)
-            self.peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else address
-        except anyio.TypedAttributeLookupError:
-            self.peer = "unknown peer"
+        self.peer = peer
+        self.send = send
+        self.phase = _Phase.PREAMBLE
+        self.closing = False
+        self.preamble = b""
         self.reader = FrameReader(server.max_frame_size)
-        self.send_lock = anyio.Lock()
         self.waits: dict[int, anyio.CancelScope] = {}
         self.reported = False
-        self.task_group: anyio.abc.TaskGroup | None = None
         self.handlers: dict[Op, Callable[[Request], bytes | None]] = {
             Op.SET: self._set,
             Op.GET: self._get,
@@ -246,99 +391,83 @@ class _Connection:
         self.reported = True
         log.log(level, "store client %s: %s", self.peer, reason)
 
-    async def send(self, data: bytes) -> None:
-        async with self.send_lock:
-            await self.stream.send(data)
+    def close(self) -> None:
+        """The connection is gone: withdraw its waits (once)."""
+        if self.phase is _Phase.CLOSED:
+            return
+        self.phase = _Phase.CLOSED
+        self.server._connections -= 1
+        for scope in self.waits.values():
+            scope.cancel()
 
-    async def run(self) -> None:
-        try:
-            bodies = await self._handshake()
-            if bodies is None:
-                return
-            async with anyio.create_task_group() as task_group:
-                self.task_group = task_group
-                await self._serve(bodies)
-                task_group.cancel_scope.cancel()
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # the client went away; its waiters were withdrawn with the task group
-        except OSError as error:
-            log.debug("store client %s: connection error: %s", self.peer, error)
-
-    async def _refuse(self, reason: str) -> None:
-        self.server._refused += 1
-        self.report(f"refused: {reason}")
-        await self.send(encode_reply(Status.REFUSED, 0, reason))
-
-    async def _handshake(self) -> list[bytes] | None:
-        """Check preamble, version and token; return the frames that followed, or None."""
-        with anyio.move_on_after(self.server.handshake_timeout):
-            data = b""
-            while len(data) < PREAMBLE_SIZE:
-                data += await self.stream.receive()
-            try:
-                version = decode_preamble(data[:PREAMBLE_SIZE])
-            except StoreProtocolError as error:
-                self.server._dropped += 1
-                self.report(f"{error.reason}; closing the connection")
-                return None
-            if version != VERSION:
-                await self._refuse(
-                    f"the client speaks store protocol version {version}, the server {VERSION}; "
-                    "use the same aioelastic version on both ends"
-                )
-                return None
-            bodies = self._feed(data[PREAMBLE_SIZE:])
-            while not bodies:
-                bodies = self._feed(await self.stream.receive(_RECEIVE_SIZE))
-            if bodies is None:
-                return None
-            try:
-                hello = decode_request(bodies[0])
-            except StoreProtocolError as error:
-                self.server._dropped += 1
-                self.report(f"bad handshake frame: {error.reason}; closing the connection")
-                return None
-            if hello.op is not Op.HELLO:
-                await self._refuse(f"the first request must be HELLO, not {hello.op.name}")
-                return None
-            token = hello.fields[0]
-            assert isinstance(token, bytes)
-            refusal = self.server._check_token(token)
-            if refusal is not None:
-                await self._refuse(refusal)
-                return None
-            await self.send(encode_reply(Status.WELCOME, hello.request_id, self.server.epoch))
-            return bodies[1:]
+    def expire_handshake(self) -> None:
         self.server._dropped += 1
         self.report(
             f"no handshake within {self.server.handshake_timeout:g} s; closing the connection"
         )
-        return None
 
-    def _feed(self, data: bytes) -> list[bytes] | None:
-        """Split received bytes into frames; None (after reporting) if the stream is bad."""
-        try:
-            return self.reader.feed(data)
-        except StoreProtocolError as error:
-            self.server._dropped += 1
-            self.report(f"{error.reason}; closing the connection")
-            return None
+    def _drop(self, reason: str) -> None:
+        self.server._dropped += 1
+        self.report(f"{reason}; closing the connection")
+        self.closing = True
 
-    async def _serve(self, bodies: list[bytes]) -> None:
-        receive = self.stream.receive
-        while True:
-            if bodies:
-                replies = [reply for body in bodies if (reply := self._answer(body)) is not None]
-                if replies:
-                    await self.send(b"".join(replies))
+    def _refuse(self, reason: str) -> bytes:
+        self.server._refused += 1
+        self.report(f"refused: {reason}")
+        self.closing = True
+        return encode_reply(Status.REFUSED, 0, reason)
+
+    def receive(self, data: bytes) -> bytes:
+        """Take received bytes; return the replies to send now (maybe empty)."""
+        if self.closing or self.phase is _Phase.CLOSED:
+            return b""
+        if self.phase is _Phase.PREAMBLE:
+            self.preamble += data
+            if len(self.preamble) < PREAMBLE_SIZE:
+                return b""
+            data, self.preamble = self.preamble[PREAMBLE_SIZE:], self.preamble[:PREAMBLE_SIZE]
             try:
-                data = await receive(_RECEIVE_SIZE)
-            except anyio.EndOfStream:
-                return
-            feed = self._feed(data)
-            if feed is None:
-                return
-            bodies = feed
+                version = decode_preamble(self.preamble)
+            except StoreProtocolError as error:
+                self._drop(error.reason)
+                return b""
+            if version != VERSION:
+                return self._refuse(
+                    f"the client speaks store protocol version {version}, the server {VERSION}; "
+                    "use the same aioelastic version on both ends"
+                )
+            self.phase = _Phase.HELLO
+        try:
+            bodies = self.reader.feed(data)
+        except StoreProtocolError as error:
+            self._drop(error.reason)
+            return b""
+        replies: list[bytes] = []
+        for body in bodies:
+            if self.phase is _Phase.HELLO:
+                welcome = self._hello(body)
+                replies.append(welcome)
+                if self.closing:
+                    break
+            elif (reply := self._answer(body)) is not None:
+                replies.append(reply)
+        return b"".join(replies)
+
+    def _hello(self, body: bytes) -> bytes:
+        try:
+            hello = decode_request(body)
+        except StoreProtocolError as error:
+            self._drop(f"bad handshake frame: {error.reason}")
+            return b""
+        if hello.op is not Op.HELLO:
+            return self._refuse(f"the first request must be HELLO, not {hello.op.name}")
+        token = hello.fields[0]
+        assert isinstance(token, bytes)
+        refusal = self.server._check_token(token)
+        if refusal is not None:
+            return self._refuse(refusal)
+        self.phase = _Phase.OPEN
+        return encode_reply(Status.WELCOME, hello.request_id, self.server.epoch)
 
     def _answer(self, body: bytes) -> bytes | None:
         """Return the encoded reply to one request, or None if it has none yet."""
@@ -459,10 +588,11 @@ class _Connection:
                 request.request_id,
                 f"request id {request.request_id} is already waiting on this connection",
             )
+        waits = self.server._waits
+        assert waits is not None
         scope = anyio.CancelScope()
         self.waits[request.request_id] = scope
-        assert self.task_group is not None
-        self.task_group.start_soon(self._hold, request, scope)
+        waits.start_soon(self._hold, request, scope)
         return None
 
     async def _hold(self, request: Request, scope: anyio.CancelScope) -> None:
@@ -475,9 +605,9 @@ class _Connection:
         finally:
             self.server._waiting -= 1
             del self.waits[request.request_id]
-        if reply is not None:
-            # If the client is gone, the connection task cleans up.
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+        if reply is not None and self.phase is _Phase.OPEN:
+            # If the client went away meanwhile, the connection cleans up.
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 await self.send(reply)
 
     async def _wait_reply(self, request: Request) -> bytes:
