@@ -482,8 +482,9 @@ class SignalRouter:
 
 async def launch(config: LaunchConfig) -> int:
     """Rendezvous, run the agent, print the failure report; return the exit status."""
-    from aioelastic.agent._agent import ElasticAgent, unwrap_single_error
+    from aioelastic.agent._agent import ElasticAgent
     from aioelastic.agent._errors import AgentError, WorkerSpecError
+    from aioelastic.agent._group import unwrap_single_error
     from aioelastic.agent._report import format_report
     from aioelastic.agent._spec import WorkerSpec
     from aioelastic.events import EventLogError, observe
