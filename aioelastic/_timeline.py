@@ -15,7 +15,9 @@ from typing import Any
 
 from aioelastic.events import LoggedEvent
 
-RENDEZVOUS_STARTS = frozenset({"RoundJoining", "GroupRestarting", "MembershipChanged"})
+RENDEZVOUS_STARTS = frozenset(
+    {"RendezvousJoining", "RoundJoining", "GroupRestarting", "MembershipChanged"}
+)
 RENDEZVOUS_ENDS = frozenset({"RendezvousCompleted", "RoundCompleted"})
 
 
