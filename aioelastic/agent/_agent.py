@@ -21,26 +21,21 @@ changes from the rendezvous handler. Everything the agent starts lives in task g
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import logging
 import math
 import os
 import signal
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Self, TypeVar
+from typing import IO, TYPE_CHECKING, Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from aioelastic.agent._env import NodeSlot, RoundInfo, WorkerRanks, assign_ranks, worker_env
+from aioelastic.agent._env import NodeSlot, RoundInfo, WorkerRanks, assign_ranks
 from aioelastic.agent._errors import AgentStateError
 from aioelastic.agent._events import (
     AgentEvent,
@@ -53,15 +48,10 @@ from aioelastic.agent._events import (
     RunResult,
     RunState,
     ShutdownRequested,
-    WorkerFailed,
-    WorkerReaped,
-    WorkersStarted,
-    WorkersStopped,
-    WorkerSucceeded,
 )
-from aioelastic.agent._logs import console_writer, line_prefix, open_stream, plan_streams
-from aioelastic.agent._process import WorkerProcess
-from aioelastic.agent._report import WorkerFailure, read_error_file, signal_name
+from aioelastic.agent._group import Consoles, Outcome, WorkerGroup, first_of, unwrap_single_error
+from aioelastic.agent._logs import console_writer
+from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.rendezvous import (
     InvalidationReason,
@@ -77,73 +67,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 EventCallback = Callable[[AgentEvent], None]
 
-_PUMP_DRAIN_TIMEOUT = 5.0
-"""How long output pumps may keep reading after their workers were reaped (an escaped
-grandchild can hold a pipe open forever)."""
-
 _STORE_PREFIX = "aioelastic/agent/"
-
-
-@contextlib.contextmanager
-def unwrap_single_error() -> Iterator[None]:
-    """Re-raise a task group's lone exception as itself, so callers catch what was raised."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
-
-
-async def first_of(*waiters: Callable[[], Awaitable[T]]) -> T:
-    """Run ``waiters`` concurrently; return the first result and cancel the others."""
-    results: list[T] = []
-    with unwrap_single_error():
-        async with anyio.create_task_group() as tg:
-
-            async def run(waiter: Callable[[], Awaitable[T]]) -> None:
-                results.append(await waiter())
-                tg.cancel_scope.cancel()
-
-            for waiter in waiters:
-                tg.start_soon(run, waiter)
-    return results[0]
-
-
-class _Outcome(enum.Enum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    MEMBERSHIP = "membership changed"
-    CLOSED = "rendezvous closed"
-
-
-@dataclass(slots=True)
-class _Worker:
-    ranks: WorkerRanks
-    process: WorkerProcess
-    error_file: str
-    ended_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Exited:
-    local_rank: int
-
-
-@dataclass(slots=True)
-class _Attempt:
-    """One started group: its workers and what stopped it."""
-
-    workers: list[_Worker]
-    notices: MemoryObjectSendStream[_Exited | WorkerReaped]
-    outcome: _Outcome = _Outcome.FAILED
-    detail: str = ""
-    stop_started: float = math.inf
-    reaps: dict[int, WorkerReaped] = field(default_factory=dict)
 
 
 class ElasticAgent:
@@ -171,8 +97,10 @@ class ElasticAgent:
         self.spec = spec
         self._subscribers: list[EventCallback] = [on_event] if on_event is not None else []
         self._shutdown_signals = tuple(shutdown_signals)
-        self._stdout = stdout
-        self._stderr = stderr
+        self._consoles = Consoles(
+            console_writer(stdout or sys.stdout.buffer),
+            console_writer(stderr or sys.stderr.buffer),
+        )
         self._state = "init"
         self._run_id = ""
         self._main_scope: anyio.CancelScope | None = None
@@ -181,7 +109,7 @@ class ElasticAgent:
         self._finished: anyio.Event | None = None
         self._final: RunResult | None = None
         self._owned_group: TaskGroup | None = None
-        self._attempt: _Attempt | None = None
+        self._group: WorkerGroup | None = None
         self._timer_file: str | None = None
         self._private_dir = ""
         self._log_dir: Path | None = None
@@ -329,22 +257,12 @@ class ElasticAgent:
     def _on_timer_event(self, event: TimerEvent) -> None:
         from aioelastic.timer import TimerReaped
 
-        attempt = self._attempt
-        if attempt is None or not isinstance(event, TimerReaped):
-            return
-        for worker in attempt.workers:
-            if worker.process.pid == event.pid:
-                reaped = WorkerReaped(
-                    worker.ranks.local_rank,
-                    worker.ranks.rank,
-                    event.pid,
-                    event.scope_id,
-                    event.signal,
-                )
-                attempt.reaps[event.pid] = reaped
+        group = self._group
+        if group is not None and isinstance(event, TimerReaped):
+            reaped = group.reaped(event.pid, event.scope_id, event.signal)
+            if reaped is not None:
                 self._reaps += 1
                 self._emit(reaped)
-                attempt.notices.send_nowait(reaped)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -363,16 +281,15 @@ class ElasticAgent:
                 )
             self._rounds += 1
             round_info, ranks = await self._assign(info)
-            attempt = await self._run_attempt(round_info, ranks)
-            outcome = attempt.outcome
-            if outcome is _Outcome.SUCCEEDED:
+            group, outcome, detail = await self._run_attempt(round_info, ranks)
+            if outcome is Outcome.SUCCEEDED:
                 await self._exit_barrier(info)
-                return self._result(RunState.SUCCEEDED, attempt)
-            if outcome is _Outcome.MEMBERSHIP:
+                return self._result(RunState.SUCCEEDED, group, reason=detail)
+            if outcome is Outcome.MEMBERSHIP:
                 self._membership_changes += 1
                 continue
-            if outcome is _Outcome.CLOSED:
-                return self._result(RunState.FAILED, attempt, reason=attempt.detail)
+            if outcome is Outcome.CLOSED:
+                return self._result(RunState.FAILED, group, reason=detail)
             if self._restart_count < self.spec.max_restarts:
                 self._restart_count += 1
                 self._emit(GroupRestarting(self._restart_count, self.spec.max_restarts))
@@ -382,24 +299,19 @@ class ElasticAgent:
                 await handler.set_closed()
             except RendezvousError as exc:
                 reason += f"; the other nodes were not told (closing failed: {exc})"
-            return self._result(RunState.FAILED, attempt, reason=reason)
+            return self._result(RunState.FAILED, group, reason=reason)
 
     def _result(
-        self, state: RunState, attempt: _Attempt | None = None, *, reason: str = ""
+        self, state: RunState, group: WorkerGroup | None = None, *, reason: str
     ) -> RunResult:
-        if attempt is None:
+        if group is None:
             return RunResult(state, restart_count=self._restart_count, reason=reason)
-        returncodes = {
-            w.ranks.local_rank: w.process.returncode
-            for w in attempt.workers
-            if w.process.returncode is not None
-        }
         return RunResult(
             state,
-            returncodes=returncodes,
-            failures=self._failures(attempt) if state is RunState.FAILED else (),
+            returncodes=group.returncodes,
+            failures=group.failures() if state is RunState.FAILED else (),
             restart_count=self._restart_count,
-            reason=reason or attempt.detail,
+            reason=reason,
         )
 
     async def _assign(self, info: RendezvousInfo) -> tuple[RoundInfo, list[WorkerRanks]]:
@@ -463,82 +375,32 @@ class ElasticAgent:
 
     # -- one attempt ------------------------------------------------------------------------
 
-    async def _run_attempt(self, info: RoundInfo, ranks: list[WorkerRanks]) -> _Attempt:
-        send, receive = anyio.create_memory_object_stream[_Exited | WorkerReaped](math.inf)
-        attempt = _Attempt([], send)
-        with send, receive:
-            async with anyio.create_task_group() as pumps:
-                async with anyio.create_task_group() as watchers:
-                    try:
-                        self._attempt = attempt
-                        for worker_ranks in ranks:
-                            worker = self._spawn(info, worker_ranks, pumps)
-                            attempt.workers.append(worker)
-                            watchers.start_soon(self._watch, worker, send)
-                        self._workers_started += len(ranks)
-                        self._emit(
-                            WorkersStarted(
-                                info.restart_count,
-                                tuple(w.ranks.rank for w in attempt.workers),
-                                tuple(w.process.pid for w in attempt.workers),
-                            )
-                        )
-                        attempt.outcome, attempt.detail = await first_of(
-                            lambda: self._wait_workers(attempt, receive),
-                            self._wait_round_invalidated,
-                        )
-                    finally:
-                        with anyio.CancelScope(shield=True):
-                            await self._stop(attempt)
-                        self._attempt = None
-                pumps.cancel_scope.deadline = anyio.current_time() + _PUMP_DRAIN_TIMEOUT
-        return attempt
-
-    def _spawn(self, info: RoundInfo, ranks: WorkerRanks, pumps: TaskGroup) -> _Worker:
-        spec = self.spec
-        attempt_dir = self._attempt_dir(info.restart_count)
-        if attempt_dir is not None:
-            error_file = attempt_dir / str(ranks.local_rank) / "error.json"
-            error_file.parent.mkdir(parents=True, exist_ok=True)
-        else:
-            error_file = Path(
-                self._private_dir, f"error-{info.restart_count}-{ranks.local_rank}.json"
-            )
-        error_file.unlink(missing_ok=True)
-        env = worker_env(
-            os.environ,
-            spec,
+    async def _run_attempt(
+        self, info: RoundInfo, ranks: list[WorkerRanks]
+    ) -> tuple[WorkerGroup, Outcome, str]:
+        group = WorkerGroup(
+            self.spec,
             info,
             ranks,
-            error_file=str(error_file),
+            attempt_dir=self._attempt_dir(info.restart_count),
+            private_dir=self._private_dir,
             timer_file=self._timer_file,
+            consoles=self._consoles,
+            emit=self._emit,
         )
-        prefix = line_prefix(
-            spec.logs.line_prefix,
-            rank=ranks.rank,
-            local_rank=ranks.local_rank,
-            role_name=spec.role,
-        )
-        out_plan, err_plan = plan_streams(spec.logs, ranks.local_rank, attempt_dir)
-        out = open_stream(out_plan, prefix=prefix, console=self._console(self._stdout, 1))
-        err = open_stream(err_plan, prefix=prefix, console=self._console(self._stderr, 2))
+        assert self._kill_now is not None
+        self._group = group
         try:
-            process = WorkerProcess.spawn(
-                spec.argv, env, stdout=out.child_end, stderr=err.child_end
+            outcome, detail = await group.run(
+                self._wait_round_invalidated,
+                shutdown=lambda: self._stop_signal,
+                kill_now=self._kill_now,
             )
         finally:
-            out.after_spawn()
-            err.after_spawn()
-        for stream in (out, err):
-            if stream.pump is not None:
-                pumps.start_soon(stream.pump.run)
-        return _Worker(ranks, process, str(error_file))
-
-    @staticmethod
-    def _console(stream: IO[bytes] | None, fd: int) -> Callable[[bytes], None]:
-        if stream is None:
-            stream = sys.stdout.buffer if fd == 1 else sys.stderr.buffer
-        return console_writer(stream)
+            self._group = None
+            self._workers_started += len(group.workers)
+            self._worker_failures += len(group.failures())
+        return group, outcome, detail
 
     def _attempt_dir(self, restart_count: int) -> Path | None:
         logs = self.spec.logs
@@ -549,99 +411,12 @@ class ElasticAgent:
             self._log_dir = Path(base, self._run_id)
         return self._log_dir / f"attempt_{restart_count}"
 
-    async def _watch(self, worker: _Worker, notices: MemoryObjectSendStream[_Exited]) -> None:
-        # Shielded: cancelling the attempt must not SIGKILL the worker before _stop() has
-        # given it the polite signal and the shutdown timeout; _stop() always ends it.
-        with anyio.CancelScope(shield=True):
-            await worker.process.watch()
-        worker.ended_at = time.time()
-        notices.send_nowait(_Exited(worker.ranks.local_rank))
-
-    async def _wait_workers(
-        self, attempt: _Attempt, notices: MemoryObjectReceiveStream[_Exited | WorkerReaped]
-    ) -> tuple[_Outcome, str]:
-        remaining = {w.ranks.local_rank: w for w in attempt.workers}
-        async for notice in notices:
-            if isinstance(notice, WorkerReaped):
-                return _Outcome.FAILED, f"rank {notice.rank} reaped by the watchdog"
-            worker = remaining.pop(notice.local_rank)
-            if worker.process.returncode != 0:
-                return _Outcome.FAILED, f"rank {worker.ranks.rank} failed"
-            self._emit(
-                WorkerSucceeded(worker.ranks.local_rank, worker.ranks.rank, worker.process.pid)
-            )
-            if not remaining:
-                return _Outcome.SUCCEEDED, "all workers succeeded"
-        raise AssertionError("the notice stream closed while workers were running")
-
-    async def _wait_round_invalidated(self) -> tuple[_Outcome, str]:
+    async def _wait_round_invalidated(self) -> tuple[Outcome, str]:
         event = await self.spec.rdzv_handler.wait_round_invalidated()
         if event.reason is InvalidationReason.CLOSED:
-            return _Outcome.CLOSED, f"the rendezvous was closed: {event.detail}"
+            return Outcome.CLOSED, f"the rendezvous was closed: {event.detail}"
         self._emit(MembershipChanged(event.reason.name, event.detail))
-        return _Outcome.MEMBERSHIP, event.detail
-
-    async def _stop(self, attempt: _Attempt) -> None:
-        """Stop what still runs: the polite signal, then SIGKILL after the shutdown timeout."""
-        attempt.stop_started = time.time()
-        alive = [w for w in attempt.workers if w.process.returncode is None]
-        if alive:
-            signum = self._stop_signal or signal.SIGTERM
-            for worker in alive:
-                worker.process.signal_group(signum)
-
-            async def all_exited() -> bool:
-                for worker in alive:
-                    await worker.process.wait()
-                return True
-
-            async def kill_now() -> bool:
-                assert self._kill_now is not None
-                await self._kill_now.wait()
-                return False
-
-            try:
-                with anyio.move_on_after(self.spec.shutdown_timeout):
-                    await first_of(all_exited, kill_now)
-            finally:
-                stubborn = [w for w in alive if w.process.returncode is None]
-                for worker in stubborn:
-                    worker.process.signal_group(signal.SIGKILL)
-            await all_exited()
-            reason = attempt.detail or "cancelled"
-            if self._stop_signal is not None:
-                reason = f"shutdown ({signal_name(self._stop_signal)})"
-            self._emit(WorkersStopped(reason, signum, len(stubborn)))
-        for failure in self._failures(attempt):
-            self._worker_failures += 1
-            self._emit(WorkerFailed(failure))
-
-    def _failures(self, attempt: _Attempt) -> tuple[WorkerFailure, ...]:
-        """The workers that failed on their own (not those the agent stopped), first first."""
-        failed = []
-        for worker in attempt.workers:
-            code = worker.process.returncode
-            reaped = attempt.reaps.get(worker.process.pid)
-            ended = worker.ended_at
-            if code is None or ended is None or code == 0:
-                continue
-            if ended > attempt.stop_started and reaped is None:
-                continue
-            message, callstack = read_error_file(worker.error_file)
-            failed.append(
-                WorkerFailure(
-                    local_rank=worker.ranks.local_rank,
-                    rank=worker.ranks.rank,
-                    pid=worker.process.pid,
-                    returncode=code,
-                    timestamp=ended,
-                    error_file=worker.error_file,
-                    message=message,
-                    traceback=callstack,
-                    reaped_scope=reaped.scope_id if reaped else None,
-                )
-            )
-        return tuple(sorted(failed, key=lambda f: f.timestamp))
+        return Outcome.MEMBERSHIP, event.detail
 
     def _emit(self, event: AgentEvent) -> None:
         for callback in tuple(self._subscribers):

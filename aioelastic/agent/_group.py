@@ -1,0 +1,304 @@
+"""The local worker group of one attempt: started together, watched together, stopped together.
+
+:meth:`WorkerGroup.run` starts a process per local rank (output pumps included), then waits
+for the first of: every worker exiting 0, one failing (non-zero exit, a signal, or a reap the
+agent routes in with :meth:`WorkerGroup.reaped`), or the caller's own waiter (the agent's
+rendezvous watch). Whatever ended the wait, the workers still running get the polite signal
+and, after the shutdown timeout (or at once when ``kill_now`` is set), SIGKILL. Failures are
+the workers that ended on their own before the stop, or that the watchdog reaped.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from aioelastic.agent._env import RoundInfo, WorkerRanks, worker_env
+from aioelastic.agent._events import (
+    AgentEvent,
+    WorkerFailed,
+    WorkerReaped,
+    WorkersStarted,
+    WorkersStopped,
+    WorkerSucceeded,
+)
+from aioelastic.agent._logs import line_prefix, open_stream, plan_streams
+from aioelastic.agent._process import WorkerProcess
+from aioelastic.agent._report import WorkerFailure, read_error_file, signal_name
+from aioelastic.agent._spec import WorkerSpec
+
+T = TypeVar("T")
+
+PUMP_DRAIN_TIMEOUT = 5.0
+"""How long output pumps may keep reading after their workers were reaped (an escaped
+grandchild can hold a pipe open forever)."""
+
+
+@contextmanager
+def unwrap_single_error() -> Iterator[None]:
+    """Re-raise a task group's lone exception as itself, so callers catch what was raised."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
+async def first_of(*waiters: Callable[[], Awaitable[T]]) -> T:
+    """Run ``waiters`` concurrently; return the first result and cancel the others."""
+    results: list[T] = []
+    with unwrap_single_error():
+        async with anyio.create_task_group() as tg:
+
+            async def run(waiter: Callable[[], Awaitable[T]]) -> None:
+                results.append(await waiter())
+                tg.cancel_scope.cancel()
+
+            for waiter in waiters:
+                tg.start_soon(run, waiter)
+    return results[0]
+
+
+class Outcome(enum.Enum):
+    """What ended an attempt."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    MEMBERSHIP = "membership changed"
+    CLOSED = "rendezvous closed"
+
+
+@dataclass(slots=True)
+class _Worker:
+    ranks: WorkerRanks
+    process: WorkerProcess
+    error_file: str
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Exited:
+    local_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Consoles:
+    """Where workers' console output goes: sinks for their stdout and stderr lines."""
+
+    stdout: Callable[[bytes], None]
+    stderr: Callable[[bytes], None]
+
+
+class WorkerGroup:
+    """The workers of one attempt on this node (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        info: RoundInfo,
+        ranks: list[WorkerRanks],
+        *,
+        attempt_dir: Path | None,
+        private_dir: str,
+        timer_file: str | None,
+        consoles: Consoles,
+        emit: Callable[[AgentEvent], None],
+    ) -> None:
+        self.spec = spec
+        self.info = info
+        self.ranks = ranks
+        self._attempt_dir = attempt_dir
+        self._private_dir = private_dir
+        self._timer_file = timer_file
+        self._consoles = consoles
+        self._emit = emit
+        self.workers: list[_Worker] = []
+        self.reaps: dict[int, WorkerReaped] = {}
+        self.stop_started = math.inf
+        self._notices, self._receive = anyio.create_memory_object_stream[_Exited | WorkerReaped](
+            math.inf
+        )
+
+    @property
+    def returncodes(self) -> dict[int, int]:
+        """Exit status by local rank, for the workers that have been reaped."""
+        return {
+            w.ranks.local_rank: w.process.returncode
+            for w in self.workers
+            if w.process.returncode is not None
+        }
+
+    def reaped(self, pid: int, scope_id: str, signum: int) -> WorkerReaped | None:
+        """Note that the watchdog signalled ``pid``; return the event if it is one of ours."""
+        for worker in self.workers:
+            if worker.process.pid == pid:
+                event = WorkerReaped(
+                    worker.ranks.local_rank, worker.ranks.rank, pid, scope_id, signum
+                )
+                self.reaps[pid] = event
+                self._notices.send_nowait(event)
+                return event
+        return None
+
+    async def run(
+        self,
+        other: Callable[[], Awaitable[tuple[Outcome, str]]],
+        *,
+        shutdown: Callable[[], int | None],
+        kill_now: anyio.Event,
+    ) -> tuple[Outcome, str]:
+        """Start the workers, wait for the first outcome, stop the rest; return the outcome.
+
+        ``shutdown()`` returns the shutdown signal the agent received, if any: it is forwarded
+        to the workers instead of SIGTERM.
+        """
+        outcome, detail = Outcome.FAILED, "cancelled"
+        with self._notices, self._receive:
+            async with anyio.create_task_group() as pumps:
+                async with anyio.create_task_group() as watchers:
+                    try:
+                        for ranks in self.ranks:
+                            worker = self._spawn(ranks, pumps)
+                            self.workers.append(worker)
+                            watchers.start_soon(self._watch, worker)
+                        self._emit(
+                            WorkersStarted(
+                                self.info.restart_count,
+                                tuple(w.ranks.rank for w in self.workers),
+                                tuple(w.process.pid for w in self.workers),
+                            )
+                        )
+                        outcome, detail = await first_of(self._wait_workers, other)
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            signum = shutdown()
+                            reason = (
+                                detail if signum is None else f"shutdown ({signal_name(signum)})"
+                            )
+                            await self._stop(reason, signum or signal.SIGTERM, kill_now)
+                pumps.cancel_scope.deadline = anyio.current_time() + PUMP_DRAIN_TIMEOUT
+        return outcome, detail
+
+    def failures(self) -> tuple[WorkerFailure, ...]:
+        """The workers that failed on their own (not those stopped), first failure first."""
+        failed = []
+        for worker in self.workers:
+            code, ended = worker.process.returncode, worker.ended_at
+            reaped = self.reaps.get(worker.process.pid)
+            if code is None or ended is None or code == 0:
+                continue
+            if ended > self.stop_started and reaped is None:
+                continue
+            message, callstack = read_error_file(worker.error_file)
+            failed.append(
+                WorkerFailure(
+                    local_rank=worker.ranks.local_rank,
+                    rank=worker.ranks.rank,
+                    pid=worker.process.pid,
+                    returncode=code,
+                    timestamp=ended,
+                    error_file=worker.error_file,
+                    message=message,
+                    traceback=callstack,
+                    reaped_scope=reaped.scope_id if reaped else None,
+                )
+            )
+        return tuple(sorted(failed, key=lambda f: f.timestamp))
+
+    # -- inside run() -----------------------------------------------------------------------
+
+    def _spawn(self, ranks: WorkerRanks, pumps: TaskGroup) -> _Worker:
+        spec, info = self.spec, self.info
+        if self._attempt_dir is not None:
+            error_file = self._attempt_dir / str(ranks.local_rank) / "error.json"
+            error_file.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            name = f"error-{info.restart_count}-{ranks.local_rank}.json"
+            error_file = Path(self._private_dir, name)
+        error_file.unlink(missing_ok=True)
+        env = worker_env(
+            os.environ, spec, info, ranks, error_file=str(error_file), timer_file=self._timer_file
+        )
+        prefix = line_prefix(
+            spec.logs.line_prefix, rank=ranks.rank, local_rank=ranks.local_rank, role_name=spec.role
+        )
+        out_plan, err_plan = plan_streams(spec.logs, ranks.local_rank, self._attempt_dir)
+        out = open_stream(out_plan, prefix=prefix, console=self._consoles.stdout)
+        err = open_stream(err_plan, prefix=prefix, console=self._consoles.stderr)
+        try:
+            process = WorkerProcess.spawn(
+                spec.argv, env, stdout=out.child_end, stderr=err.child_end
+            )
+        finally:
+            out.after_spawn()
+            err.after_spawn()
+        for stream in (out, err):
+            if stream.pump is not None:
+                pumps.start_soon(stream.pump.run)
+        return _Worker(ranks, process, str(error_file))
+
+    async def _watch(self, worker: _Worker) -> None:
+        # Shielded: cancelling the attempt must not SIGKILL the worker before _stop() has
+        # given it the polite signal and the shutdown timeout; _stop() always ends it.
+        with anyio.CancelScope(shield=True):
+            await worker.process.watch()
+        worker.ended_at = time.time()
+        self._notices.send_nowait(_Exited(worker.ranks.local_rank))
+
+    async def _wait_workers(self) -> tuple[Outcome, str]:
+        receive: MemoryObjectReceiveStream[_Exited | WorkerReaped] = self._receive
+        remaining = {w.ranks.local_rank: w for w in self.workers}
+        async for notice in receive:
+            if isinstance(notice, WorkerReaped):
+                return Outcome.FAILED, f"rank {notice.rank} reaped by the watchdog"
+            worker = remaining.pop(notice.local_rank)
+            if worker.process.returncode != 0:
+                return Outcome.FAILED, f"rank {worker.ranks.rank} failed"
+            self._emit(
+                WorkerSucceeded(worker.ranks.local_rank, worker.ranks.rank, worker.process.pid)
+            )
+            if not remaining:
+                return Outcome.SUCCEEDED, "all workers succeeded"
+        raise AssertionError("the notice stream closed while workers were running")
+
+    async def _stop(self, reason: str, signum: int, kill_now: anyio.Event) -> None:
+        """Stop what still runs: ``signum``, then SIGKILL after the shutdown timeout."""
+        self.stop_started = time.time()
+        alive = [w for w in self.workers if w.process.returncode is None]
+        if alive:
+            for worker in alive:
+                worker.process.signal_group(signum)
+
+            async def all_exited() -> bool:
+                for worker in alive:
+                    await worker.process.wait()
+                return True
+
+            async def killing_now() -> bool:
+                await kill_now.wait()
+                return False
+
+            try:
+                with anyio.move_on_after(self.spec.shutdown_timeout):
+                    await first_of(all_exited, killing_now)
+            finally:
+                stubborn = [w for w in alive if w.process.returncode is None]
+                for worker in stubborn:
+                    worker.process.signal_group(signal.SIGKILL)
+            await all_exited()
+            self._emit(WorkersStopped(reason, signum, len(stubborn)))
+        for failure in self.failures():
+            self._emit(WorkerFailed(failure))
