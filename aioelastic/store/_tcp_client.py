@@ -16,12 +16,14 @@ every pending call fails with :class:`StoreConnectionError` instead of being re-
 
 from __future__ import annotations
 
+import abc
+import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import Self, cast
 
 import anyio
 import anyio.abc
@@ -49,6 +51,7 @@ from aioelastic.store._tcp_codec import (
     encode_preamble,
     encode_request,
 )
+from aioelastic.store._tcp_server import on_asyncio
 
 log = logging.getLogger("aioelastic.store.tcp")
 
@@ -61,22 +64,120 @@ _UNSAFE_TO_RESEND = frozenset({Op.ADD, Op.COMPARE_SET, Op.APPEND, Op.DELETE_KEY}
 """Operations that could be applied twice if re-sent after a lost reply."""
 
 
-class _Connection:
-    """A handshaken connection and what arrived after the handshake."""
+Dispatch = Callable[["_Connection", list[bytes]], None]
 
-    def __init__(self, stream: anyio.abc.SocketStream, reader: FrameReader, epoch: int) -> None:
-        self.stream = stream
-        self.reader = reader
-        self.epoch = epoch
+
+class _Connection(abc.ABC):
+    """A connection to the server: sends whole frames, hands received frames to ``dispatch``."""
+
+    epoch = 0
+    alive = True
+    dispatch: Dispatch | None = None
+
+    @abc.abstractmethod
+    async def send(self, data: bytes) -> None:
+        """Send whole frames (a cancelled caller never leaves half a frame behind)."""
+
+    @abc.abstractmethod
+    async def first_frames(self) -> list[bytes]:
+        """Wait for the first frames (the handshake reply), before ``dispatch`` is set."""
+
+    @abc.abstractmethod
+    async def run(self) -> None:
+        """Deliver frames to ``dispatch`` until the connection ends."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close the connection at once."""
+
+
+class _ProtocolConnection(_Connection, asyncio.Protocol):
+    """On asyncio: frames are routed from the read callback, writes never block the caller."""
+
+    transport: asyncio.Transport
+
+    def __init__(self, max_frame_size: int) -> None:
+        self.reader = FrameReader(max_frame_size)
         self.early: list[bytes] = []
-        self.lock = anyio.Lock()
-        self.alive = True
+        self.arrived = anyio.Event()
+        self.lost = anyio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            bodies = self.reader.feed(data)
+            if self.dispatch is not None:
+                self.dispatch(self, bodies)
+            elif bodies:
+                self.early += bodies
+                self.arrived.set()
+        except StoreProtocolError as error:
+            log.warning("store server sent a bad frame (%s); reconnecting", error.reason)
+            self.alive = False
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.alive = False
+        self.arrived.set()
+        self.lost.set()
 
     async def send(self, data: bytes) -> None:
-        """Send whole frames; shielded, so a cancelled caller never leaves half a frame."""
+        if self.transport.is_closing():
+            raise anyio.BrokenResourceError
+        self.transport.write(data)
+
+    async def first_frames(self) -> list[bytes]:
+        await self.arrived.wait()
+        if not self.early:
+            raise anyio.EndOfStream
+        return self.early
+
+    async def run(self) -> None:
+        await self.lost.wait()
+
+    async def aclose(self) -> None:
+        self.alive = False
+        self.transport.abort()
+
+
+class _StreamConnection(_Connection):
+    """On other backends (trio): an anyio stream and a reading loop."""
+
+    def __init__(self, stream: anyio.abc.SocketStream, max_frame_size: int) -> None:
+        self.stream = stream
+        self.reader = FrameReader(max_frame_size)
+        self.lock = anyio.Lock()
+
+    async def send(self, data: bytes) -> None:
         with anyio.CancelScope(shield=True):
             async with self.lock:
                 await self.stream.send(data)
+
+    async def first_frames(self) -> list[bytes]:
+        bodies: list[bytes] = []
+        while not bodies:
+            bodies = self.reader.feed(await self.stream.receive(_RECEIVE_SIZE))
+        return bodies
+
+    async def run(self) -> None:
+        receive, feed = self.stream.receive, self.reader.feed
+        try:
+            while True:
+                bodies = feed(await receive(_RECEIVE_SIZE))
+                assert self.dispatch is not None
+                self.dispatch(self, bodies)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        except StoreProtocolError as error:
+            log.warning("store server sent a bad frame (%s); reconnecting", error.reason)
+        finally:
+            self.alive = False
+
+    async def aclose(self) -> None:
+        self.alive = False
+        await anyio.aclose_forcefully(self.stream)
 
 
 @dataclass(slots=True, eq=False)
@@ -156,17 +257,24 @@ class TCPStore(Store):
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(None, None, None)
         if self._connection is not None:
-            await self._connection.stream.aclose()
+            await self._connection.aclose()
             self._connection = None
 
-    async def _connect_once(self) -> _Connection:
+    async def _open(self) -> _Connection:
+        if on_asyncio():
+            loop = asyncio.get_running_loop()
+            _, protocol = await loop.create_connection(
+                lambda: _ProtocolConnection(self.max_frame_size), self.host, self.port
+            )
+            return protocol
         stream = await anyio.connect_tcp(self.host, self.port)
+        return _StreamConnection(stream, self.max_frame_size)
+
+    async def _connect_once(self) -> _Connection:
+        connection = await self._open()
         try:
-            await stream.send(encode_preamble() + encode_request(Op.HELLO, 0, self._token))
-            reader = FrameReader(self.max_frame_size)
-            bodies: list[bytes] = []
-            while not bodies:
-                bodies = reader.feed(await stream.receive(_RECEIVE_SIZE))
+            await connection.send(encode_preamble() + encode_request(Op.HELLO, 0, self._token))
+            bodies = await connection.first_frames()
             reply = decode_reply(bodies[0])
             if reply.status is Status.REFUSED:
                 raise StoreRefusedError(
@@ -176,11 +284,11 @@ class TCPStore(Store):
                 raise StoreProtocolError(f"expected WELCOME, got {reply.status.name}")
             epoch = reply.fields[0]
             assert isinstance(epoch, int)
-            connection = _Connection(stream, reader, epoch)
-            connection.early = bodies[1:]
+            connection.epoch = epoch
+            connection.dispatch = self._dispatch
             return connection
         except BaseException:
-            await anyio.aclose_forcefully(stream)
+            await connection.aclose()
             raise
 
     async def _connect(self, within: float) -> _Connection:
@@ -214,11 +322,11 @@ class TCPStore(Store):
     async def _supervise(self, connection: _Connection) -> None:
         """Read replies; when the connection drops, reconnect and re-send what is safe."""
         while True:
-            await self._read_replies(connection)
-            connection.alive = False
+            await connection.run()
+            log.info("store %s: connection lost", self.endpoint)
             self._connection = None
             self._connected = anyio.Event()
-            await anyio.aclose_forcefully(connection.stream)
+            await connection.aclose()
             for call in list(self._calls.values()):
                 if call.sent_on is connection and call.op in _UNSAFE_TO_RESEND:
                     call.finish(
@@ -264,24 +372,14 @@ class TCPStore(Store):
             if not call.event.is_set():
                 call.finish(error=error)
 
-    async def _read_replies(self, connection: _Connection) -> None:
-        """Route replies to their calls until the connection ends."""
+    def _dispatch(self, connection: _Connection, bodies: list[bytes]) -> None:
+        """Route replies to their calls."""
         calls = self._calls
-        bodies = connection.early
-        receive = connection.stream.receive
-        feed = connection.reader.feed
-        try:
-            while True:
-                for body in bodies:
-                    reply = decode_reply(body)
-                    call = calls.get(reply.request_id)
-                    if call is not None and call.sent_on is connection:
-                        call.finish(reply)
-                bodies = feed(await receive(_RECEIVE_SIZE))
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            log.info("store %s: connection lost", self.endpoint)
-        except StoreProtocolError as error:
-            log.warning("store %s: bad reply (%s); reconnecting", self.endpoint, error.reason)
+        for body in bodies:
+            reply = decode_reply(body)
+            call = calls.get(reply.request_id)
+            if call is not None and call.sent_on is connection:
+                call.finish(reply)
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -292,7 +390,15 @@ class TCPStore(Store):
         if self._closed or self._task_group is None:
             raise StoreClosedError(f"the store client for {self.endpoint} is not open")
         self._next_id = request_id = (self._next_id + 1) & 0xFFFFFFFF
-        call = _Call(op, encode_request(op, request_id, *fields), subject, anyio.Event())
+        frame = encode_request(op, request_id, *fields)
+        if len(frame) - 4 > self.max_frame_size:
+            # Sent, it would make the server drop the connection, and a re-send would again.
+            raise StoreValueError(
+                f"{op.name.lower()}({subject!r}) needs a frame of {len(frame) - 4} bytes, which "
+                f"exceeds the maximum frame size of {self.max_frame_size}; split the value or "
+                "raise max_frame_size on both ends"
+            )
+        call = _Call(op, frame, subject, anyio.Event())
         self._calls[request_id] = call
         bound = self.timeout if wait is None else wait + _REPLY_GRACE
         try:

@@ -150,7 +150,7 @@ class TCPStoreServer:
         try:
             async with anyio.create_task_group() as waits:
                 self._waits = waits
-                if _on_asyncio():
+                if on_asyncio():
                     await self._serve_asyncio(task_status)
                 else:
                     await self._serve_streams(task_status)
@@ -283,7 +283,8 @@ def _peer_name(address: object) -> str:
     return "unknown peer" if address is None else str(address)
 
 
-def _on_asyncio() -> bool:
+def on_asyncio() -> bool:
+    """Return whether the running event loop is asyncio's (stock or uvloop)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
