@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aioelastic.agent import Std
-from aioelastic.agent._cli import FlagError, config_from_args
+from aioelastic.agent._launch import FlagError, config_from_args
 from aioelastic.cli import build_parser
 
 

@@ -1,0 +1,289 @@
+"""From ``aioelastic run``'s flags to a running agent: the launch configuration, the console
+reporter, signal routing and the failure report."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import anyio
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
+
+    from aioelastic.agent._agent import ElasticAgent
+    from aioelastic.agent._events import AgentEvent
+    from aioelastic.agent._spec import LogSpec
+
+PROG = "aioelastic run"
+
+
+class FlagError(Exception):
+    """A flag's value is wrong; the message names the flag."""
+
+
+def one_line_error(message: str) -> NoReturn:
+    """Print ``message`` as the launcher's one-line error and exit with status 2."""
+    print(f"{PROG}: error: {message} (see '{PROG} --help')", file=sys.stderr)
+    raise SystemExit(2)
+
+
+# -- from flags to a launch ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchConfig:
+    """Everything ``aioelastic run`` decided from its flags."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    rdzv_backend: str
+    rdzv_endpoint: str
+    run_id: str
+    rdzv_conf: dict[str, str]
+    local_addr: str | None
+    max_restarts: int
+    role: str
+    title: str
+    entrypoint: str
+    args: tuple[str, ...]
+    logs: LogSpec
+    signals: tuple[signal.Signals, ...]
+    shutdown_timeout: float
+    events_file: str | None = None
+    metrics_port: int | None = None
+
+
+def resolve_nproc(value: int | str) -> int:
+    """Turn ``cpu``/``gpu``/``auto`` into a count (torch is imported only for gpu/auto)."""
+    if isinstance(value, int):
+        return value
+    if value == "cpu":
+        return os.cpu_count() or 1
+    try:
+        import torch  # only when asked for GPUs
+    except ImportError:
+        if value == "gpu":
+            raise FlagError("--nproc-per-node gpu needs torch installed") from None
+        return os.cpu_count() or 1
+    count = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    if count:
+        return count
+    if value == "gpu":
+        raise FlagError("--nproc-per-node gpu: no CUDA device is available")
+    return os.cpu_count() or 1
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    """Check the flags together and build the launch; raise :class:`FlagError`."""
+    from aioelastic.agent._spec import DEFAULT_LINE_PREFIX, LogSpec
+
+    if args.module and args.no_python:
+        raise FlagError("--module and --no-python cannot be combined")
+    if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
+        raise FlagError("--metrics-port needs prometheus-client: pip install 'aioelastic[metrics]'")
+    min_nodes, max_nodes = args.nnodes
+    backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
+    conf = dict(args.rdzv_conf)
+    if args.standalone:  # one node: an in-process rendezvous needs no server (torchrun: c10d)
+        run_id = str(uuid.uuid4())
+        backend, endpoint = "memory", f"standalone-{run_id}"
+        min_nodes = max_nodes = 1
+    if backend == "static":
+        conf.setdefault("rank", str(args.node_rank))
+        if not endpoint:
+            endpoint = f"{args.master_addr}:{args.master_port or 29500}"
+    if args.no_python:
+        entrypoint, prefix_args = args.training_script, []
+    else:
+        entrypoint = os.environ.get("PYTHON_EXEC", sys.executable)
+        prefix_args = ["-u", *(["-m"] if args.module else []), args.training_script]
+    if args.log_dir is not None:
+        try:
+            Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FlagError(
+                f"--log-dir {args.log_dir!r} is not a usable directory: {exc.strerror}"
+            ) from None
+    logs = LogSpec(
+        log_dir=args.log_dir,
+        redirects=args.redirects,
+        tee=args.tee,
+        local_ranks_filter=args.local_ranks_filter,
+        line_prefix=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", DEFAULT_LINE_PREFIX),
+    )
+    return LaunchConfig(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=resolve_nproc(args.nproc_per_node),
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        run_id=run_id,
+        rdzv_conf=conf,
+        local_addr=args.local_addr,
+        max_restarts=args.max_restarts,
+        role=args.role,
+        title=args.training_script,
+        entrypoint=entrypoint,
+        args=(*prefix_args, *args.training_script_args),
+        logs=logs,
+        signals=args.signals_to_handle,
+        shutdown_timeout=args.shutdown_timeout,
+        events_file=args.events_file,
+        metrics_port=args.metrics_port,
+    )
+
+
+class ConsoleReporter:
+    """Prints the agent's events as short ``[aioelastic +T]`` lines on stderr."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self._stream = stream
+        self._start = time.monotonic()
+        self._broken = False
+
+    def __call__(self, event: AgentEvent) -> None:
+        text = describe(event)
+        if text is None or self._broken:
+            return
+        stream = self._stream or sys.stderr
+        try:
+            print(f"[aioelastic +{time.monotonic() - self._start:.2f}s] {text}", file=stream)
+            stream.flush()
+        except OSError:  # stderr went away (a closed pipe): the run goes on silently
+            self._broken = True
+
+
+def describe(event: AgentEvent) -> str | None:
+    """A one-line human description of an agent event (None: not worth a line)."""
+    from aioelastic.agent import _events as ev
+    from aioelastic.agent._report import signal_name
+
+    match event:
+        case ev.RendezvousJoining():
+            return f"joining rendezvous {event.run_id!r} ({event.backend})"
+        case ev.RendezvousCompleted():
+            return (
+                f"rendezvous complete: node {event.group_rank} of {event.group_world_size}, "
+                f"world size {event.world_size}, master {event.master_addr}:{event.master_port}"
+            )
+        case ev.WorkersStarted():
+            pids = " ".join(map(str, event.pids))
+            return f"started {len(event.pids)} workers (restart {event.restart_count}): pids {pids}"
+        case ev.WorkerReaped():
+            return (
+                f"watchdog: timer {event.scope_id!r} of rank {event.rank} (pid {event.pid}) "
+                f"expired, sent {signal_name(event.signal)}"
+            )
+        case ev.WorkerFailed():
+            return f"rank {event.failure.rank} failed: {event.failure.cause}"
+        case ev.WorkersStopped():
+            killed = f", {event.killed} needed SIGKILL" if event.killed else ""
+            return f"stopped the worker group ({event.reason}{killed})"
+        case ev.GroupRestarting():
+            return f"restarting the worker group ({event.restart_count}/{event.max_restarts})"
+        case ev.MembershipChanged():
+            return f"membership changed ({event.reason.lower()}): re-rendezvous"
+        case ev.ShutdownRequested():
+            return f"received {signal_name(event.signal)}: stopping the workers"
+        case ev.RunFinished():
+            result = event.result
+            extra = f": {result.reason}" if result.reason else ""
+            return f"run {result.state.value}{extra}"
+    return None
+
+
+class SignalRouter:
+    """Shutdown signals go to the agent once it exists; before that they end the launch."""
+
+    def __init__(self) -> None:
+        self.agent: ElasticAgent | None = None
+        self.received: int | None = None
+        self.early_exit = anyio.CancelScope()
+
+    async def watch(
+        self, signals: tuple[signal.Signals, ...], *, task_status: TaskStatus[None]
+    ) -> None:
+        with anyio.open_signal_receiver(*signals) as received:
+            task_status.started()
+            async for signum in received:
+                if self.agent is not None:
+                    self.agent.request_stop(signum)
+                else:
+                    self.received = signum
+                    self.early_exit.cancel()
+
+
+async def launch(config: LaunchConfig) -> int:
+    """Rendezvous, run the agent, print the failure report; return the exit status."""
+    from aioelastic.agent._agent import ElasticAgent
+    from aioelastic.agent._errors import AgentError, WorkerSpecError
+    from aioelastic.agent._group import unwrap_single_error
+    from aioelastic.agent._report import format_report
+    from aioelastic.agent._spec import WorkerSpec
+    from aioelastic.events import EventLogError, observe
+    from aioelastic.metrics import MetricsPortError
+    from aioelastic.rendezvous import (
+        RendezvousError,
+        RendezvousParameterError,
+        RendezvousParameters,
+        get_rendezvous_handler,
+    )
+
+    try:
+        params = RendezvousParameters(
+            backend=config.rdzv_backend,
+            endpoint=config.rdzv_endpoint,
+            run_id=config.run_id,
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            local_addr=config.local_addr,
+            **config.rdzv_conf,
+        )
+        handler_context = get_rendezvous_handler(params)
+    except ValueError as exc:  # a bad backend name or option: the user's to fix
+        one_line_error(f"--rdzv-backend/--rdzv-conf: {exc}")
+    observed = observe({}, events_file=config.events_file, metrics_port=config.metrics_port)
+    router = SignalRouter()
+    result = None
+    try:
+        with unwrap_single_error(), anyio.CancelScope() as router.early_exit:
+            async with anyio.create_task_group() as tg:
+                await tg.start(router.watch, config.signals)
+                async with observed as events, handler_context as handler:
+                    spec = WorkerSpec(
+                        config.entrypoint,
+                        handler,
+                        args=config.args,
+                        role=config.role,
+                        local_world_size=config.nproc_per_node,
+                        max_restarts=config.max_restarts,
+                        shutdown_timeout=config.shutdown_timeout,
+                        logs=config.logs,
+                    )
+                    router.agent = ElasticAgent(spec, on_event=ConsoleReporter())
+                    events.attach(router.agent, "agent")
+                    result = await router.agent.run()
+                tg.cancel_scope.cancel()
+    except (RendezvousParameterError, WorkerSpecError, EventLogError, MetricsPortError) as exc:
+        one_line_error(str(exc))
+    except (RendezvousError, AgentError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    if result is None:  # a signal came before any worker started
+        signum = router.received or signal.SIGTERM
+        message = f"{PROG}: stopped by {signal.Signals(signum).name} before any worker started"
+        print(message, file=sys.stderr)
+        return 128 + signum
+    if result.failures:
+        print(format_report(config.title, result.failures), file=sys.stderr)
+    return result.exit_status
