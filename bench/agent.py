@@ -106,7 +106,7 @@ def main() -> None:
         trivial.write_text(TRIVIAL)
         fail_once = workdir / "fail_once.py"
         fail_once.write_text(FAIL_ONCE)
-        rows = [
+        rows: list[tuple[str, Callable[[Launcher], float]]] = [
             ("trivial 2-worker job, wall (s)", lambda cmd: trivial_job(cmd, trivial)),
             ("trivial 2-worker job, CPU (s)", lambda cmd: trivial_job_cpu(cmd, trivial)),
             ("failure to restart (s)", lambda cmd: failure_to_restart(cmd, fail_once, workdir)),
