@@ -18,6 +18,7 @@ from aioelastic.events._jsonl import (
 )
 from aioelastic.events._logging import WARNING_KINDS, LoggingSubscriber
 from aioelastic.events._observe import observe
+from aioelastic.events._progress import RendezvousWaiting, watch_rendezvous
 from aioelastic.events._stream import (
     Emitter,
     EventRecord,
@@ -36,10 +37,12 @@ __all__ = [
     "JsonLinesWriter",
     "LoggedEvent",
     "LoggingSubscriber",
+    "RendezvousWaiting",
     "Subscriber",
     "decode_line",
     "encode_record",
     "observe",
     "read_event_log",
     "to_data",
+    "watch_rendezvous",
 ]

@@ -1,0 +1,113 @@
+"""Progress of a long rendezvous: every few seconds, who has joined and what the node waits for.
+
+An elastic handler announces ``RoundJoining`` when it starts to join and ``RoundCompleted``
+when it is done. While it is joining, :func:`watch_rendezvous` wakes every ``interval``
+seconds, asks the handler how many nodes have joined the next round, and reports a typed
+:class:`RendezvousWaiting` event to the stream (the logging subscriber logs it) and, when asked,
+one line on a console: silence during a ten-minute join timeout is what users hate most.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import anyio
+
+from aioelastic._clock import Clock, MonotonicClock
+from aioelastic.events._stream import EventStream
+
+logger = logging.getLogger("aioelastic.rendezvous.progress")
+
+DEFAULT_INTERVAL = 5.0
+"""Seconds between two progress reports of one join."""
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousWaiting:
+    """A node has been joining run ``run_id`` for ``waited`` seconds; ``joined`` nodes so far."""
+
+    run_id: str
+    node: int
+    joined: int
+    min_nodes: int
+    max_nodes: int
+    waited: float
+    join_timeout: float
+
+    def describe(self) -> str:
+        """One line for humans: what the node waits for."""
+        if self.joined < self.min_nodes:
+            missing = self.min_nodes - self.joined
+            wanted = f"{missing} more node{'s' if missing > 1 else ''} (min_nodes={self.min_nodes})"
+        else:
+            wanted = f"the last call for up to max_nodes={self.max_nodes} to end"
+        left = max(0.0, self.join_timeout - self.waited)
+        return (
+            f"rendezvous {self.run_id!r}: node {self.node} waiting {self.waited:.0f} s for "
+            f"{wanted}; {self.joined} joined so far; join timeout in {left:.0f} s"
+        )
+
+
+@asynccontextmanager
+async def watch_rendezvous(
+    handler: Any,
+    stream: EventStream | None = None,
+    *,
+    interval: float = DEFAULT_INTERVAL,
+    console: TextIO | None = None,
+    clock: Clock | None = None,
+) -> AsyncIterator[None]:
+    """Report the progress of ``handler``'s joins while the block runs (see the module doc).
+
+    A handler without events (``static``) is left alone. ``console`` gets one line per report;
+    ``clock`` (default: the loop's monotonic clock) times the reports.
+    """
+    if not hasattr(handler, "subscribe") or not hasattr(handler, "settings"):
+        yield
+        return
+    timer: Clock = clock if clock is not None else MonotonicClock()
+    joining = anyio.Event()
+    started = [0.0]
+
+    def on_event(event: object) -> None:
+        if type(event).__name__ == "RoundJoining":
+            started[0] = timer.now()
+            joining.set()
+
+    async def report() -> None:
+        nonlocal joining
+        settings = handler.settings
+        while True:
+            await joining.wait()
+            joining = anyio.Event()
+            while True:
+                await timer.sleep_until(timer.now() + interval)  # periodic by nature
+                if not handler.statistics().joining:
+                    break
+                event = RendezvousWaiting(
+                    run_id=settings.run_id,
+                    node=handler.node_id,
+                    joined=await handler.num_nodes_waiting(),
+                    min_nodes=settings.min_nodes,
+                    max_nodes=settings.max_nodes,
+                    waited=timer.now() - started[0],
+                    join_timeout=settings.join_timeout,
+                )
+                logger.info("%s", event.describe())
+                if stream is not None:
+                    stream.publish("rendezvous", event)
+                if console is not None:
+                    print(f"[aioelastic] {event.describe()}", file=console, flush=True)
+
+    unsubscribe = handler.subscribe(on_event)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(report)
+            yield
+            tg.cancel_scope.cancel()
+    finally:
+        unsubscribe()
