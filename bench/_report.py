@@ -269,7 +269,7 @@ def render_chart(figures: Iterable[Figure], path: str) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [name if len(name) <= 70 else name[:67] + "..." for name, _ in rows]
+    names = [name if len(name) <= 70 else f"{name[:33]}...{name[-34:]}" for name, _ in rows]
     values = [value for _, value in rows if value is not None]
     fig, ax = plt.subplots(figsize=(11, 0.32 * len(rows) + 1.6))
     colors = ["#2a9d8f" if v >= 1 else "#e76f51" for v in values]
@@ -282,7 +282,7 @@ def render_chart(figures: Iterable[Figure], path: str) -> bool:
     ax.set_title("aioelastic vs reference, per benchmark figure (noisy: shared machine)")
     for index, value in enumerate(values):
         ax.annotate(
-            f"{value:.2g}x",
+            f"{value:,.0f}x" if value >= 100 else f"{value:.2g}x",
             (value, index),
             xytext=(3, 0),
             textcoords="offset points",
