@@ -139,3 +139,26 @@ async def test_a_node_partitioned_briefly_keeps_its_handler_and_rejoins() -> Non
         assert node.exit_error is None
     assert verdict.reason is InvalidationReason.PARTICIPANT_LOST
     assert sorted(info.rank for info in infos) == [0, 1]
+
+
+async def test_a_partition_fails_a_stalled_call_too() -> None:
+    """A call held by a stall fails with the partition, like any call in flight."""
+    store = FaultyStore(MemoryStore(clock=ManualClock()))
+    stall = store.stall()
+    failures: list[BaseException] = []
+
+    async def writer() -> None:
+        try:
+            await store.set("k", b"v")
+        except StoreConnectionError as error:
+            failures.append(error)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer)
+        await stall.wait_held()
+        store.partition()
+    assert len(failures) == 1
+    assert stall.held == 0
+    store.heal()
+    stall.release()
+    assert not await store.check(["k"])
