@@ -228,6 +228,7 @@ class TCPStore(Store):
         self._fatal: StoreError | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._closed = False
+        self._frame_limit = max_frame_size  # lowered to the server's at the handshake
 
     @property
     def endpoint(self) -> str:
@@ -282,9 +283,11 @@ class TCPStore(Store):
                 )
             if reply.status is not Status.WELCOME:
                 raise StoreProtocolError(f"expected WELCOME, got {reply.status.name}")
-            epoch = reply.fields[0]
+            epoch, limit = reply.fields
             assert isinstance(epoch, int)
+            assert isinstance(limit, int)
             connection.epoch = epoch
+            self._frame_limit = min(self.max_frame_size, limit)
             connection.dispatch = self._dispatch
             return connection
         except BaseException:
@@ -391,12 +394,12 @@ class TCPStore(Store):
             raise StoreClosedError(f"the store client for {self.endpoint} is not open")
         self._next_id = request_id = (self._next_id + 1) & 0xFFFFFFFF
         frame = encode_request(op, request_id, *fields)
-        if len(frame) - 4 > self.max_frame_size:
+        if len(frame) - 4 > self._frame_limit:
             # Sent, it would make the server drop the connection, and a re-send would again.
             raise StoreValueError(
                 f"{op.name.lower()}({subject!r}) needs a frame of {len(frame) - 4} bytes, which "
-                f"exceeds the maximum frame size of {self.max_frame_size}; split the value or "
-                "raise max_frame_size on both ends"
+                f"exceeds the maximum frame size of {self._frame_limit} (the smaller of the "
+                "client's and the server's); split the value or raise max_frame_size on both ends"
             )
         call = _Call(op, frame, subject, anyio.Event())
         self._calls[request_id] = call

@@ -6,7 +6,8 @@ body; the body is a 1-byte kind (an :class:`Op` from the client, a :class:`Statu
 server), a 4-byte request id and the kind's fields, laid out as its entry in
 :data:`REQUEST_FIELDS` or :data:`REPLY_FIELDS` says. The first frame is :attr:`Op.HELLO`
 carrying the token (empty if none); the server answers :attr:`Status.WELCOME` with its epoch
-(a number that changes when the server restarts) or :attr:`Status.REFUSED` and closes. Replies
+(a number that changes when the server restarts) and the largest frame it accepts, or
+:attr:`Status.REFUSED` and closes. Replies
 carry the id of their request and may come in any order, so one connection carries many
 concurrent requests. :attr:`Op.CANCEL` withdraws a waiting request (its id is the frame's id)
 and gets no reply.
@@ -115,7 +116,7 @@ REPLY_FIELDS: dict[Status, str] = {
     Status.BOOL: "?",
     Status.VALUES: "B",
     Status.SNAPSHOT: "iSB",  # revision, keys, values
-    Status.WELCOME: "i",  # server epoch
+    Status.WELCOME: "ii",  # server epoch, server's max frame size
     Status.TIMEOUT: "Sf",  # keys, timeout
     Status.VALUE_ERROR: "s",  # message
     Status.INVALID: "s",

@@ -468,7 +468,8 @@ class _Session:
         if refusal is not None:
             return self._refuse(refusal)
         self.phase = _Phase.OPEN
-        return encode_reply(Status.WELCOME, hello.request_id, self.server.epoch)
+        server = self.server
+        return encode_reply(Status.WELCOME, hello.request_id, server.epoch, server.max_frame_size)
 
     def _answer(self, body: bytes) -> bytes | None:
         """Return the encoded reply to one request, or None if it has none yet."""

@@ -13,6 +13,7 @@ import pytest
 from aioelastic.store import (
     StoreProtocolError,
     StoreRefusedError,
+    StoreValueError,
     TCPStore,
     TCPStoreServer,
 )
@@ -268,3 +269,15 @@ async def test_server_reports_its_port_only_once_listening() -> None:
         port = await tg.start(server.serve)
         assert port == server.port
         tg.cancel_scope.cancel()
+
+
+async def test_client_learns_a_smaller_server_frame_limit() -> None:
+    """A value over the server's (smaller) frame limit is refused by the client, never sent."""
+    async with (
+        TCPStoreServer(max_frame_size=1000) as server,
+        TCPStore("127.0.0.1", server.port) as store,
+    ):
+        with pytest.raises(StoreValueError, match="exceeds the maximum frame size of 1000"):
+            await store.set("k", b"x" * 1000)
+        await store.set("k", b"x" * 900)
+        assert server.statistics().dropped_connections == 0
