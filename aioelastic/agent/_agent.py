@@ -15,8 +15,10 @@ first of:
   timeout (or at once on a second signal), and the run ends as stopped.
 
 Waiting is never a poll: exits come from pidfds, reaps from the timer server's events, round
-changes from the rendezvous handler. Everything the agent starts lives in task groups inside
-:meth:`ElasticAgent.run`, so cancelling it stops the workers.
+changes from the rendezvous handler. The local group of one attempt is a
+:class:`~aioelastic.agent._group.WorkerGroup`; this module is the loop around it. Everything the
+agent starts lives in task groups inside :meth:`ElasticAgent.run`, so cancelling it stops the
+workers.
 """
 
 from __future__ import annotations
