@@ -330,3 +330,32 @@ async def test_a_failing_subscriber_does_not_stop_the_run(
         result = await agent.run()
     assert result.state is RunState.SUCCEEDED
     assert "agent event subscriber" in caplog.text
+
+
+async def test_nodes_with_different_worker_counts_get_contiguous_ranks(tmp_path: Path) -> None:
+    """Nodes with one and two workers: global ranks run on in node order, world size 3."""
+    store = MemoryStore()
+    results: list[RunResult] = []
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as tg:
+
+            async def run(local_world_size: int) -> None:
+                params = RendezvousParameters("memory", "mixed", "job", 2, 2, store=store)
+                async with get_rendezvous_handler(params) as handler:
+                    spec = spec_for(
+                        handler, "--out", str(tmp_path), local_world_size=local_world_size
+                    )
+                    agent = ElasticAgent(spec, stdout=Console(), stderr=Console())
+                    results.append(await agent.run())
+
+            tg.start_soon(run, 1)
+            tg.start_soon(run, 2)
+    envs = records(tmp_path)
+    by_node: dict[int, list[int]] = {}
+    for env in envs:
+        by_node.setdefault(int(env["GROUP_RANK"]), []).append(int(env["RANK"]))
+    in_node_order = [rank for node in sorted(by_node) for rank in sorted(by_node[node])]
+    assert [r.state for r in results] == [RunState.SUCCEEDED] * 2
+    assert {env["WORLD_SIZE"] for env in envs} == {"3"}
+    assert in_node_order == [0, 1, 2]
+    assert sorted(len(ranks) for ranks in by_node.values()) == [1, 2]
