@@ -1,0 +1,433 @@
+"""TCP store benchmarks: aioelastic's TCPStore against PyTorch's ``torch.distributed.TCPStore``.
+
+Workloads (issue 2), each run against both stores in the same run:
+
+* sequential: one client, one call at a time: ``set``, ``get``, ``add``, ``compare_set`` (ops/s);
+* 16 processes: 16 client processes doing set+get pairs flat out (total ops/s);
+* pipelined: one client, 64 concurrent ``get`` calls (torch: 64 threads sharing one client);
+* fan-out: 64 waiters parked on one key, each on its own connection; time from the ``set``
+  until the last of them has its value (median of rounds);
+* memory: peak server RSS after writing 100,000 keys of 64 bytes (and the growth from idle).
+
+Each server runs in its own process (``python -m bench.store host ours|torch``); clients run in
+the bench process (ours on uvloop when installed) or in worker processes. Ratios are
+aioelastic / torch, so above 1 is better for throughput rows and below 1 is better for latency
+and memory rows. The machine is shared: figures are noisy. torch rows are skipped without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+VALUE = b"v" * 64
+SEQUENTIAL_OPS = 5000
+PROCESSES, PAIRS = 16, 1000
+PIPELINED_OPS, CONCURRENCY = 20000, 64
+WAITERS, FANOUT_ROUNDS = 64, 7
+MEMORY_KEYS = 100_000
+
+
+# -- server hosts (run in their own process) ------------------------------------------------
+
+
+def host(kind: str) -> None:
+    """Serve on a free loopback port; print it; serve until stdin closes."""
+    if kind == "torch":
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        )
+        print(store.port, flush=True)
+        sys.stdin.read()
+        return
+
+    import anyio
+
+    from aioelastic.store import TCPStoreServer
+
+    async def serve() -> None:
+        async with TCPStoreServer() as server:
+            print(server.port, flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.read)
+
+    anyio.run(serve, backend_options=_loop_options())
+
+
+def _loop_options() -> dict[str, bool]:
+    return {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
+
+
+@contextmanager
+def server(kind: str) -> Iterator[tuple[int, int]]:
+    """Start a server host; yield (port, pid)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.store", "host", kind],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        yield port, process.pid
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(timeout=30)
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """Return (current, peak) resident memory of ``pid`` in KiB."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            fields[name] = value.split()[0] if value.split() else "0"
+    return int(fields["VmRSS"]), int(fields["VmHWM"])
+
+
+# -- torch clients --------------------------------------------------------------------------
+
+
+def torch_client(port: int) -> Any:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+
+
+def timed(calls: int, run: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    run()
+    return calls / (time.perf_counter() - start)
+
+
+def torch_sequential(port: int) -> dict[str, float]:
+    s = torch_client(port)
+    for i in range(100):
+        s.set(f"warm{i}", VALUE)
+    n = SEQUENTIAL_OPS
+    return {
+        "set": timed(n, lambda: [s.set(f"k{i}", VALUE) for i in range(n)]),
+        "get": timed(n, lambda: [s.get(f"k{i}") for i in range(n)]),
+        "add": timed(n, lambda: [s.add("counter", 1) for _ in range(n)]),
+        "compare_set": timed(
+            n,
+            lambda: [s.compare_set("k0", VALUE, VALUE) for _ in range(n)],
+        ),
+    }
+
+
+def torch_pipelined(port: int) -> float:
+    store = torch_client(port)
+    store.set("p", VALUE)
+    per_thread = PIPELINED_OPS // CONCURRENCY
+
+    def work() -> None:
+        for _ in range(per_thread):
+            store.get("p")
+
+    threads = [threading.Thread(target=work) for _ in range(CONCURRENCY)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return per_thread * CONCURRENCY / (time.perf_counter() - start)
+
+
+def torch_fanout(port: int) -> float:
+    setter = torch_client(port)
+    clients = [torch_client(port) for _ in range(WAITERS)]
+    latencies = []
+    for round_ in range(FANOUT_ROUNDS):
+        key = f"go{round_}"
+        woke: list[float] = []
+        lock = threading.Lock()
+
+        def wait(client: Any, key: str = key, woke: list[float] = woke, lock: Any = lock) -> None:
+            client.get(key)
+            with lock:
+                woke.append(time.perf_counter())
+
+        threads = [threading.Thread(target=wait, args=(c,)) for c in clients]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)  # let every waiter park (a bench may sleep; tests may not)
+        start = time.perf_counter()
+        setter.set(key, b"1")
+        for thread in threads:
+            thread.join()
+        latencies.append(max(woke) - start)
+    return statistics.median(latencies)
+
+
+def torch_fill(port: int) -> None:
+    store = torch_client(port)
+    for i in range(MEMORY_KEYS):
+        store.set(f"key{i:06d}", VALUE)
+    store.get(f"key{MEMORY_KEYS - 1:06d}")
+
+
+# -- aioelastic clients ---------------------------------------------------------------------
+
+
+def run_async(fn: Callable[..., object], *args: object) -> object:
+    import anyio
+
+    return anyio.run(fn, *args, backend_options=_loop_options())  # type: ignore[arg-type]
+
+
+async def ours_sequential(port: int) -> dict[str, float]:
+    from aioelastic.store import TCPStore
+
+    async with TCPStore("127.0.0.1", port) as s:
+        for i in range(100):
+            await s.set(f"warm{i}", VALUE)
+        n = SEQUENTIAL_OPS
+        rates = {}
+        start = time.perf_counter()
+        for i in range(n):
+            await s.set(f"k{i}", VALUE)
+        rates["set"] = n / (time.perf_counter() - start)
+        start = time.perf_counter()
+        for i in range(n):
+            await s.get(f"k{i}")
+        rates["get"] = n / (time.perf_counter() - start)
+        start = time.perf_counter()
+        for _ in range(n):
+            await s.add("counter", 1)
+        rates["add"] = n / (time.perf_counter() - start)
+        start = time.perf_counter()
+        for _ in range(n):
+            await s.compare_set("k0", VALUE, VALUE)
+        rates["compare_set"] = n / (time.perf_counter() - start)
+        return rates
+
+
+async def ours_pipelined(port: int) -> float:
+    import anyio
+
+    from aioelastic.store import TCPStore
+
+    async with TCPStore("127.0.0.1", port) as store:
+        await store.set("p", VALUE)
+        per_task = PIPELINED_OPS // CONCURRENCY
+
+        async def work() -> None:
+            for _ in range(per_task):
+                await store.get("p")
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(CONCURRENCY):
+                tg.start_soon(work)
+        return per_task * CONCURRENCY / (time.perf_counter() - start)
+
+
+async def ours_fanout(port: int) -> float:
+    import contextlib
+
+    import anyio
+
+    from aioelastic.store import TCPStore
+
+    async with contextlib.AsyncExitStack() as stack:
+        setter = await stack.enter_async_context(TCPStore("127.0.0.1", port))
+        clients = [
+            await stack.enter_async_context(TCPStore("127.0.0.1", port)) for _ in range(WAITERS)
+        ]
+        latencies = []
+        for round_ in range(FANOUT_ROUNDS):
+            key = f"go{round_}"
+            woke: list[float] = []
+
+            async def wait(client: TCPStore, key: str = key, woke: list[float] = woke) -> None:
+                await client.get(key)
+                woke.append(time.perf_counter())
+
+            async with anyio.create_task_group() as tg:
+                for client in clients:
+                    tg.start_soon(wait, client)
+                await anyio.sleep(0.3)  # let every waiter park
+                start = time.perf_counter()
+                await setter.set(key, b"1")
+            latencies.append(max(woke) - start)
+        return statistics.median(latencies)
+
+
+async def ours_fill(port: int) -> None:
+    import anyio
+
+    from aioelastic.store import TCPStore
+
+    async with TCPStore("127.0.0.1", port) as store:
+
+        async def fill(offset: int) -> None:
+            for i in range(offset, MEMORY_KEYS, 16):
+                await store.set(f"key{i:06d}", VALUE)
+
+        async with anyio.create_task_group() as tg:
+            for offset in range(16):
+                tg.start_soon(fill, offset)
+        await store.get(f"key{MEMORY_KEYS - 1:06d}")
+
+
+# -- 16 worker processes -----------------------------------------------------------------
+
+
+def worker(kind: str, port: int, pairs: int) -> None:
+    """Connect, say ready, wait for 'go' on stdin, do ``pairs`` set+get pairs, say done."""
+    me = os.getpid()
+    if kind == "torch":
+        store = torch_client(port)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        for i in range(pairs):
+            store.set(f"w{me}-{i}", VALUE)
+            store.get(f"w{me}-{i}")
+        print("done", flush=True)
+        return
+
+    async def run() -> None:
+        import anyio
+
+        from aioelastic.store import TCPStore
+
+        async with TCPStore("127.0.0.1", port) as store:
+            print("ready", flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            for i in range(pairs):
+                await store.set(f"w{me}-{i}", VALUE)
+                await store.get(f"w{me}-{i}")
+            print("done", flush=True)
+
+    run_async(run)
+
+
+def many_processes(kind: str, port: int) -> float:
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.store",
+                "worker",
+                kind,
+                str(port),
+                str(PAIRS),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(PROCESSES)
+    ]
+    for process in workers:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "ready"
+    start = time.perf_counter()
+    for process in workers:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    for process in workers:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "done"
+    elapsed = time.perf_counter() - start
+    for process in workers:
+        process.wait(timeout=30)
+    return PROCESSES * PAIRS * 2 / elapsed
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    name: str
+    unit: str
+    ours: float
+    torch: float | None
+
+    def render(self) -> str:
+        theirs = "-" if self.torch is None else f"{self.torch:,.1f}"
+        ratio = "-" if not self.torch else f"{self.ours / self.torch:.2f}"
+        return f"{self.name:<34} {self.unit:<7} {self.ours:>12,.1f} {theirs:>12} {ratio:>7}"
+
+
+def measure(kind: str) -> dict[str, float]:
+    """Run every workload against one store kind; return figures by row name."""
+    figures: dict[str, float] = {}
+    with server(kind) as (port, _):
+        sequential = torch_sequential(port) if kind == "torch" else run_async(ours_sequential, port)
+        assert isinstance(sequential, dict)
+        for op, rate in sequential.items():
+            figures[f"sequential {op}"] = rate
+    with server(kind) as (port, _):
+        figures["16 processes set+get"] = many_processes(kind, port)
+    with server(kind) as (port, _):
+        pipelined = torch_pipelined(port) if kind == "torch" else run_async(ours_pipelined, port)
+        assert isinstance(pipelined, float)
+        figures[f"{CONCURRENCY} concurrent get, 1 client"] = pipelined
+    with server(kind) as (port, _):
+        fanout = torch_fanout(port) if kind == "torch" else run_async(ours_fanout, port)
+        assert isinstance(fanout, float)
+        figures[f"{WAITERS} waiters woken by one set"] = fanout * 1000
+    with server(kind) as (port, pid):
+        idle, _ = rss_kib(pid)
+        torch_fill(port) if kind == "torch" else run_async(ours_fill, port)
+        _, peak = rss_kib(pid)
+        figures["server peak RSS, 100k keys"] = peak / 1024
+        figures["server RSS growth, 100k keys"] = (peak - idle) / 1024
+    return figures
+
+
+UNITS = {
+    "sequential": "ops/s",
+    "16 processes": "ops/s",
+    f"{CONCURRENCY} concurrent": "ops/s",
+    f"{WAITERS} waiters": "ms",
+    "server": "MiB",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-torch", action="store_true", help="measure aioelastic only")
+    args = parser.parse_args()
+    ours = measure("ours")
+    theirs = measure("torch") if HAVE_TORCH and not args.no_torch else {}
+    loop = "uvloop" if _loop_options()["use_uvloop"] else "asyncio"
+    print(f"TCP store, aioelastic (client and server on {loop}) vs torch.distributed.TCPStore")
+    print(f"{'workload':<34} {'unit':<7} {'aioelastic':>12} {'torch':>12} {'ratio':>7}")
+    for name, value in ours.items():
+        unit = next(u for prefix, u in UNITS.items() if name.startswith(prefix))
+        print(Row(name, unit, value, theirs.get(name)).render())
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "host":
+        host(sys.argv[2])
+    elif len(sys.argv) > 1 and sys.argv[1] == "worker":
+        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        main()
