@@ -108,10 +108,12 @@ async def _copy(stream: anyio.abc.ByteReceiveStream | None, console: Console) ->
 
 
 @contextlib.asynccontextmanager
-async def launched(*argv: str, command: str = "run") -> AsyncIterator[Launched]:
+async def launched(
+    *argv: str, command: str = "run", cwd: Path | None = None
+) -> AsyncIterator[Launched]:
     """Run ``aioelastic COMMAND ARGV`` for the block; kill it at the end if it still runs."""
     process = await anyio.open_process(
-        [sys.executable, "-m", "aioelastic", command, *argv], stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "aioelastic", command, *argv], stdin=subprocess.DEVNULL, cwd=cwd
     )
     run = Launched(process)
     async with anyio.create_task_group() as tg:

@@ -81,6 +81,16 @@ async def test_signal_while_waiting_for_other_nodes_exits_cleanly() -> None:
     assert "run stopped: stopped by SIGINT" in run.err.text
 
 
+async def test_module_mode_runs_a_module_with_python_m() -> None:
+    """-m runs the training program as a module, as torchrun does."""
+    argv = ["--standalone", "--nproc-per-node", "2", "-m", "tests.agent.workers.scenario"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, cwd=EXAMPLES.parent) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert "[1]: done rank=1 attempt=0 nodes=1" in run.out.text
+
+
 @pytest.mark.parametrize(
     ("argv", "name"),
     [
