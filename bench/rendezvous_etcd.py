@@ -95,7 +95,10 @@ def processes(endpoint: str, nodes: int) -> tuple[float, float]:
         reports = []
         for child in children:
             assert child.stdout is not None
-            reports.append(json.loads(child.stdout.readline()))
+            line = child.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a benchmark node exited with code {child.wait()}")
+            reports.append(json.loads(line))
     finally:
         for child in children:
             child.wait(timeout=60)
