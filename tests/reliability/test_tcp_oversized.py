@@ -35,12 +35,6 @@ async def test_value_over_the_frame_limit_is_refused_before_sending(op: str) -> 
     assert (stats.dropped_connections, stats.connections_total) == (0, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store: against a server with a smaller frame limit, an oversized set makes the "
-    "server drop the connection; the client reconnects and re-sends it until its call timeout "
-    "and then reports a lost connection, not the size (the limit is not in the handshake)",
-)
 @pytest.mark.parametrize("anyio_backend", [("asyncio", {})])
 async def test_value_over_a_smaller_server_limit_fails_once() -> None:
     """Against a server with a smaller limit, an oversized set is a StoreValueError at once."""
