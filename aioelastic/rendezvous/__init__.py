@@ -2,8 +2,11 @@
 
 ``get_rendezvous_handler(params)`` returns a handler for the backend ``params.backend``
 (``static``, ``c10d``, ``etcd``/``etcd-v3``, ``memory``); use it as ``async with``.
+:class:`ElasticRendezvousHandler` runs elastic rendezvous over any
+:class:`~aioelastic.store.Store` (the ``c10d``, ``etcd`` and ``memory`` backends build one).
 """
 
+from aioelastic.rendezvous._elastic import ElasticRendezvousHandler, EventCallback, StoreOpener
 from aioelastic.rendezvous._errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -16,11 +19,16 @@ from aioelastic.rendezvous._errors import (
 from aioelastic.rendezvous._handler import RendezvousHandler
 from aioelastic.rendezvous._info import (
     InvalidationReason,
+    NodeLost,
+    RendezvousEvent,
     RendezvousInfo,
+    RendezvousStatistics,
     RendezvousStoreInfo,
+    RoundCompleted,
     RoundInvalidated,
+    RoundJoining,
 )
-from aioelastic.rendezvous._parameters import RendezvousParameters
+from aioelastic.rendezvous._parameters import ElasticSettings, RendezvousParameters
 from aioelastic.rendezvous._registry import (
     HandlerCreator,
     RendezvousHandlerRegistry,
@@ -29,11 +37,16 @@ from aioelastic.rendezvous._registry import (
 )
 
 __all__ = [
+    "ElasticRendezvousHandler",
+    "ElasticSettings",
+    "EventCallback",
     "HandlerCreator",
     "InvalidationReason",
+    "NodeLost",
     "RendezvousClosedError",
     "RendezvousConnectionError",
     "RendezvousError",
+    "RendezvousEvent",
     "RendezvousGracefulExitError",
     "RendezvousHandler",
     "RendezvousHandlerRegistry",
@@ -41,9 +54,13 @@ __all__ = [
     "RendezvousParameterError",
     "RendezvousParameters",
     "RendezvousStateError",
+    "RendezvousStatistics",
     "RendezvousStoreInfo",
     "RendezvousTimeoutError",
+    "RoundCompleted",
     "RoundInvalidated",
+    "RoundJoining",
+    "StoreOpener",
     "get_rendezvous_handler",
     "handler_registry",
 ]

@@ -132,7 +132,7 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
         port,
         is_host=is_host,
         read_timeout=read_timeout,
-        connect_timeout=settings.join_timeout,
+        connect_timeout=read_timeout,  # as torch: read_timeout bounds connecting too
     )
     local_addr = params.local_addr or params.get("local_addr")
     return ElasticRendezvousHandler(opener, settings, backend="c10d", local_addr=local_addr)

@@ -34,15 +34,21 @@ from aioelastic.rendezvous._errors import (
 from aioelastic.rendezvous._handler import RendezvousHandler
 from aioelastic.rendezvous._info import (
     InvalidationReason,
+    NodeLost,
+    RendezvousEvent,
     RendezvousInfo,
+    RendezvousStatistics,
     RendezvousStoreInfo,
+    RoundCompleted,
     RoundInvalidated,
+    RoundJoining,
 )
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import PrefixStore, Store, StoreError
 
 logger = logging.getLogger(__name__)
 
+EventCallback = Callable[[RendezvousEvent], None]
 StoreOpener = Callable[[], AbstractAsyncContextManager[Store]]
 """Opens (and on exit closes) the store a handler runs on, for backends that own their store."""
 
@@ -69,7 +75,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     ``store`` is either a store the caller owns, or a :data:`StoreOpener` the handler enters
     in ``__aenter__`` and leaves on exit. Keys live under ``rdzv/<run_id>/``. ``backend`` is
-    the name :meth:`get_backend` reports (``c10d``, ``etcd-v3``, ``memory``, ...).
+    the name :meth:`get_backend` reports (``c10d``, ``etcd-v3``, ``memory``, ...). Events
+    (:data:`RendezvousEvent`) go to ``on_event`` and to callbacks given to :meth:`subscribe`.
     """
 
     def __init__(
@@ -80,8 +87,11 @@ class ElasticRendezvousHandler(RendezvousHandler):
         backend: str,
         local_addr: str | None = None,
         clock: Clock | None = None,
+        on_event: EventCallback | None = None,
     ) -> None:
         self._source = store
+        self._subscribers: list[EventCallback] = [on_event] if on_event is not None else []
+        self._rounds_completed = 0
         self.settings = settings
         self._backend = backend
         self._addr = local_addr
@@ -110,6 +120,31 @@ class ElasticRendezvousHandler(RendezvousHandler):
         return (
             f"ElasticRendezvousHandler(backend={self._backend!r}, "
             f"run_id={self.settings.run_id!r}, node={self._node})"
+        )
+
+    def subscribe(self, callback: EventCallback) -> Callable[[], None]:
+        """Call ``callback`` with every later event; return a function that unsubscribes."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    def _emit(self, event: RendezvousEvent) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(event)
+            except Exception:
+                logger.exception("rendezvous event subscriber %r failed on %r", callback, event)
+
+    def statistics(self) -> RendezvousStatistics:
+        """Return a snapshot of this handler's state."""
+        last = self._last
+        return RendezvousStatistics(
+            node=self._node,
+            joining=self._joining,
+            rounds_completed=self._rounds_completed,
+            round=last.round if last is not None else 0,
+            rank=self._rank,
+            world_size=last.world_size if last is not None else 0,
+            invalidated=self._invalidated,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -184,6 +219,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         if self._joining:
             raise RendezvousStateError("next_rendezvous() is already running on this handler")
         self._joining = True
+        self._emit(RoundJoining(self.settings.run_id, self._node))
         try:
             self._leave_round("this node left it to join the next round")
             assert self._addr is not None
@@ -361,11 +397,15 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     def _completed(self, store: Store, result: m.RoundResult, rank: int) -> RendezvousInfo:
         self._last, self._rank = result, rank
+        self._rounds_completed += 1
         self._invalidated = None
         self._invalid_event = anyio.Event()
         self._monitor_scope = anyio.CancelScope()
         assert self._tg is not None
         self._tg.start_soon(self._monitor, result, self._monitor_scope)
+        self._emit(
+            RoundCompleted(self.settings.run_id, result.round, self._node, rank, result.world_size)
+        )
         logger.info(
             "rendezvous %r round %d complete: node %d is rank %d of %d",
             self.settings.run_id,
@@ -406,6 +446,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._invalidated = verdict
             if self._invalid_event is not None:
                 self._invalid_event.set()
+            self._emit(verdict)
             logger.info("rendezvous %r: %s", self.settings.run_id, verdict.detail)
 
     def _leave_round(self, why: str) -> None:
@@ -455,6 +496,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
             snapshot = await self._store.get_prefix(prefix)
         await self._report_lost(result.round + 1, successor, "heartbeat expired")
+        self._emit(NodeLost(self.settings.run_id, result.round, successor))
 
     async def _report_lost(self, inbox: int, node: int, why: str) -> None:
         """Report ``node`` gone in the inbox round ``inbox`` and ring its doorbell."""

@@ -47,3 +47,51 @@ class RoundInvalidated:
 
     reason: InvalidationReason
     detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoundJoining:
+    """Event: this node started joining (``next_rendezvous`` was called)."""
+
+    run_id: str
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundCompleted:
+    """Event: this node is ``rank`` of ``world_size`` in round ``round``."""
+
+    run_id: str
+    round: int
+    node: int
+    rank: int
+    world_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost:
+    """Event: this node reported ``lost`` (its ring successor in ``round``) gone."""
+
+    run_id: str
+    round: int
+    lost: int
+
+
+RendezvousEvent = RoundJoining | RoundCompleted | RoundInvalidated | NodeLost
+"""What an elastic handler tells its subscribers (``RoundInvalidated`` says why a round ended)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousStatistics:
+    """A snapshot of an elastic handler."""
+
+    node: int
+    """This handler's node id in the run (0 before ``async with``)."""
+    joining: bool
+    rounds_completed: int
+    round: int
+    """The round last completed (0 if none)."""
+    rank: int
+    world_size: int
+    invalidated: RoundInvalidated | None
+    """Why the last completed round is no longer valid, or None while it is."""

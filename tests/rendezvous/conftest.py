@@ -56,3 +56,11 @@ async def advance(clock: ManualClock, seconds: float, step: float = 1.0) -> None
         clock.advance(delta)
         seconds -= delta
         await anyio.wait_all_tasks_blocked()
+
+
+def hang(handler: ElasticRendezvousHandler) -> None:
+    """Fault injection: the node hangs (no more keep-alives, no more watching its round)."""
+    assert handler._keep_alive_scope is not None
+    handler._keep_alive_scope.cancel()
+    if handler._monitor_scope is not None:
+        handler._monitor_scope.cancel()

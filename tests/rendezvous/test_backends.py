@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -26,9 +27,15 @@ pytestmark = pytest.mark.anyio
 
 
 def unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port below the ephemeral range, so no outgoing connection takes it meanwhile."""
+    while True:
+        port = random.randrange(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def params(backend: str, port: int, size: tuple[int, int], **config: Any) -> RendezvousParameters:
@@ -84,7 +91,7 @@ async def test_c10d_unreachable_store_is_a_connection_error() -> None:
     """A non-host node that cannot reach the endpoint fails with a message naming it."""
     port = unused_port()
     handler = get_rendezvous_handler(
-        params("c10d", port, (1, 2), is_host="false", join_timeout="0.3")
+        params("c10d", port, (1, 2), is_host="false", read_timeout="0.3")
     )
     with pytest.raises(RendezvousConnectionError, match=f"127.0.0.1:{port}"):
         async with handler:

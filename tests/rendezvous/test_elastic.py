@@ -11,16 +11,20 @@ from anyio.abc import TaskGroup
 
 from aioelastic.rendezvous import (
     InvalidationReason,
+    NodeLost,
     RendezvousClosedError,
+    RendezvousEvent,
     RendezvousInfo,
     RendezvousStateError,
     RendezvousTimeoutError,
+    RoundCompleted,
+    RoundJoining,
 )
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import MemoryStore
 from aioelastic.testing import ManualClock
-from tests.rendezvous.conftest import MakeHandler, advance
+from tests.rendezvous.conftest import MakeHandler, advance, hang
 
 pytestmark = pytest.mark.anyio
 
@@ -154,8 +158,7 @@ async def test_a_lost_participant_invalidates_the_survivors_round(
     async with cluster(handlers) as tg:
         await finished(start(tg, handlers))
         victim = handlers[1]
-        victim._keep_alive_scope.cancel()  # the node hangs: no more keep-alives
-        victim._leave_round("hung")
+        hang(victim)
         await advance(clock, 16)
         with anyio.fail_after(10):
             verdicts = [await h.wait_round_invalidated() for h in (handlers[0], handlers[2])]
@@ -250,3 +253,30 @@ async def test_a_round_costs_a_constant_number_of_store_operations_per_node(
         await anyio.wait_all_tasks_blocked()  # the round monitors have started too
         assert sum(counting.counts.values()) <= 8 * nodes
         assert counting.counts["get_prefix"] <= 2 * nodes + 2
+
+
+async def test_events_and_statistics_tell_the_story_of_a_round(
+    make_handler: MakeHandler, clock: ManualClock
+) -> None:
+    """Joining, completion, a reported loss and the invalidation arrive as typed events."""
+    handlers = [make_handler(min_nodes=2, max_nodes=2) for _ in range(2)]
+    events: dict[int, list[RendezvousEvent]] = {0: [], 1: []}
+    for index, handler in enumerate(handlers):
+        handler.subscribe(events[index].append)
+    async with cluster(handlers) as tg:
+        await finished(start(tg, handlers))
+        watcher, victim = handlers
+        stats = watcher.statistics()
+        assert (stats.round, stats.world_size, stats.rounds_completed) == (1, 2, 1)
+        assert stats.invalidated is None
+        hang(victim)
+        await advance(clock, 16)
+        verdict = await watcher.wait_round_invalidated()
+    node, lost = watcher.node_id, victim.node_id
+    assert events[0] == [
+        RoundJoining("job", node),
+        RoundCompleted("job", 1, node, watcher.statistics().rank, 2),
+        NodeLost("job", 1, lost),
+        verdict,
+    ]
+    assert watcher.statistics().invalidated == verdict
