@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._errors import RendezvousConnectionError, RendezvousParameterError
-from aioelastic.rendezvous._parameters import ElasticSettings, RendezvousParameters, seconds
+from aioelastic.rendezvous._parameters import ElasticSettings, RendezvousParameters
 from aioelastic.store import Store, StoreError, TCPStore, TCPStoreServer
 
 logger = logging.getLogger(__name__)
@@ -125,14 +125,13 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
         )
     host, port = parse_endpoint(params.endpoint)
     is_host = params.get_as_bool("is_host")
-    read_timeout = seconds(params, "read_timeout", 60.0)
     opener = functools.partial(
         open_tcp_store,
         host,
         port,
         is_host=is_host,
-        read_timeout=read_timeout,
-        connect_timeout=read_timeout,  # as torch: read_timeout bounds connecting too
+        read_timeout=settings.read_timeout,
+        connect_timeout=settings.read_timeout,  # as torch: read_timeout bounds connecting too
     )
     local_addr = params.local_addr or params.get("local_addr")
     return ElasticRendezvousHandler(opener, settings, backend="c10d", local_addr=local_addr)

@@ -149,9 +149,18 @@ class ElasticSettings:
     close_timeout: float = 30.0
     keep_alive_interval: float = 5.0
     heartbeat_timeout: float = 15.0
+    read_timeout: float = 60.0
+    """How long a store call may take (connecting included) before it counts as failed."""
 
     def __post_init__(self) -> None:
-        for name in ("join_timeout", "close_timeout", "keep_alive_interval", "heartbeat_timeout"):
+        positive = (
+            "join_timeout",
+            "close_timeout",
+            "keep_alive_interval",
+            "heartbeat_timeout",
+            "read_timeout",
+        )
+        for name in positive:
             value = getattr(self, name)
             if not value > 0:
                 raise RendezvousParameterError(
@@ -195,6 +204,7 @@ class ElasticSettings:
             close_timeout=seconds(params, "close_timeout", cls.close_timeout),
             keep_alive_interval=interval,
             heartbeat_timeout=seconds(params, "heartbeat_timeout", interval * attempts),
+            read_timeout=seconds(params, "read_timeout", cls.read_timeout),
         )
 
 

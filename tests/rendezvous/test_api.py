@@ -71,6 +71,8 @@ def test_settings_parse_strings_with_torchs_names() -> None:
         ({"last_call_timeout": "-1"}, "last_call_timeout=-1.0 must be >= 0"),
         ({"join_timeout": "nan"}, "not a finite number"),
         ({"heartbeat_timeout": "2", "keep_alive_interval": "5"}, "must exceed"),
+        ({"read_timeout": "-5"}, "read_timeout=-5.0 must be a positive number"),
+        ({"read_timeout": "abc"}, "read_timeout='abc' is not a number"),
     ],
 )
 def test_bad_settings_are_reported(config: dict[str, Any], message: str) -> None:
