@@ -11,12 +11,15 @@ A worker also dies with the agent, even on ``kill -9``: it starts through util-l
 ``setpriv --pdeathsig KILL``, which sets ``PR_SET_PDEATHSIG`` and execs the worker in the same
 process. Doing it with a ``preexec_fn`` instead would force ``fork()`` (slower than the
 ``vfork()`` subprocess uses) and run other libraries' fork handlers in the child, which crash
-with gRPC threads running (the etcd backend). Without ``setpriv`` workers start unprotected.
+with gRPC threads running (the etcd backend). Without ``setpriv`` workers start unprotected (a
+warning says so). An agent killed in the instant between starting ``setpriv`` and its
+``prctl`` call can still leave that one worker behind.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +33,8 @@ import anyio
 
 from aioelastic.agent._errors import WorkerSpawnError
 
+logger = logging.getLogger(__name__)
+
 Redirect = int | IO[bytes] | None
 """A child's stdout/stderr: inherit (None), ``subprocess.DEVNULL``, a file descriptor or file."""
 
@@ -38,13 +43,18 @@ Redirect = int | IO[bytes] | None
 def die_with_agent_prefix() -> tuple[str, ...]:
     """The command prefix making a worker die with the agent, or ``()`` where unavailable."""
     setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    if setpriv is None:
-        return ()
-    prefix = (setpriv, "--pdeathsig", "KILL", "--")
-    probe = subprocess.run(  # util-linux before 2.33 has no --pdeathsig
-        [*prefix, setpriv, "--version"], capture_output=True, check=False
+    if setpriv is not None:
+        prefix = (setpriv, "--pdeathsig", "KILL", "--")
+        probe = subprocess.run(  # util-linux before 2.33 has no --pdeathsig
+            [*prefix, setpriv, "--version"], capture_output=True, check=False
+        )
+        if probe.returncode == 0:
+            return prefix
+    logger.warning(
+        "no setpriv with --pdeathsig (util-linux >= 2.33): workers will outlive an agent "
+        "killed with SIGKILL; install util-linux to protect them"
     )
-    return prefix if probe.returncode == 0 else ()
+    return ()
 
 
 class WorkerProcess:
