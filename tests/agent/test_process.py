@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import anyio
 import pytest
 
 from aioelastic.agent import WorkerSpawnError
-from aioelastic.agent._process import WorkerProcess
+from aioelastic.agent._process import WorkerProcess, die_with_agent_prefix
 from tests.agent.conftest import BOUND, wait_gone
 
 pytestmark = pytest.mark.anyio
@@ -96,7 +97,7 @@ async def test_worker_dies_with_a_killed_agent() -> None:
     agent = spawn_python(
         """
         import os, sys, anyio
-        from aioelastic.agent._process import WorkerProcess
+        from aioelastic.agent._process import WorkerProcess, die_with_agent_prefix
         async def main():
             code = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
             w = WorkerProcess.spawn([sys.executable, "-c", code], os.environ)
@@ -137,3 +138,21 @@ async def test_no_thread_per_worker() -> None:
             for worker in workers:
                 worker.signal_group(signal.SIGKILL)
     assert during == before
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_without_setpriv_workers_run_unprotected_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No setpriv: workers still start and exit normally; a warning says they are unprotected."""
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, **kw: None if name == "setpriv" else real_which(name, **kw)
+    )
+    die_with_agent_prefix.cache_clear()
+    try:
+        with anyio.fail_after(BOUND):
+            assert await spawn_python("raise SystemExit(4)").watch() == 4
+    finally:
+        die_with_agent_prefix.cache_clear()
+    assert "workers will outlive an agent killed with SIGKILL" in caplog.text
