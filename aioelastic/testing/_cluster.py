@@ -21,9 +21,12 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from aioelastic.agent import ElasticAgent, RunResult, WorkerSpec
 from aioelastic.events import EventStream
-from aioelastic.rendezvous import RendezvousInfo, RendezvousParameters
-from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
-from aioelastic.rendezvous._parameters import ElasticSettings
+from aioelastic.rendezvous import (
+    ElasticRendezvousHandler,
+    ElasticSettings,
+    RendezvousInfo,
+    RendezvousParameters,
+)
 from aioelastic.store import MemoryStore
 from aioelastic.testing._clock import ManualClock
 from aioelastic.testing._faults import FaultyStore
@@ -175,7 +178,7 @@ class RendezvousCluster:
         self._names = (f"node{i}" for i in itertools.count())
         self._tg: TaskGroup | None = None
         self.events = EventStream(node="cluster")
-        """Events of the nodes' agents (and handlers that emit events), by node name."""
+        """Events of the nodes' rendezvous handlers and agents, by node name."""
 
     def __repr__(self) -> str:
         return f"RendezvousCluster({len(self.nodes)} nodes, run_id={self.run_id!r}, {self.clock!r})"
@@ -225,6 +228,7 @@ class RendezvousCluster:
             store, self.settings, backend="memory", local_addr="127.0.0.1", clock=self.clock
         )
         node = Node(name, handler, store)
+        self.events.attach(handler, "rendezvous", node=name)
         await tg.start(node._host)
         self.nodes.append(node)
         return node

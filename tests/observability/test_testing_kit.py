@@ -7,7 +7,7 @@ import pytest
 
 from aioelastic.rendezvous import InvalidationReason, RendezvousTimeoutError
 from aioelastic.store import MemoryStore, StoreConnectionError
-from aioelastic.testing import FaultyStore, ManualClock, RendezvousCluster
+from aioelastic.testing import EventRecorder, FaultyStore, ManualClock, RendezvousCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -162,3 +162,16 @@ async def test_a_partition_fails_a_stalled_call_too() -> None:
     store.heal()
     stall.release()
     assert not await store.check(["k"])
+
+
+async def test_the_cluster_streams_every_nodes_rendezvous_events() -> None:
+    """cluster.events carries each handler's joining and completion, named by node."""
+    recorder = EventRecorder()
+    async with RendezvousCluster(2) as cluster:
+        cluster.events.subscribe(recorder)
+        await cluster.rendezvous()
+    completed = recorder.of("RoundCompleted")
+    assert sorted(r.node for r in completed) == ["node0", "node1"]
+    assert {r.source for r in recorder.records} == {"rendezvous"}
+    assert sorted(r.event.rank for r in completed) == [0, 1]
+    assert recorder.kinds().count("RoundJoining") == 2
