@@ -21,8 +21,17 @@ _shared: weakref.WeakValueDictionary[str, MemoryStore] = weakref.WeakValueDictio
 class MemoryRendezvousHandler(ElasticRendezvousHandler):
     """An elastic handler over a :class:`MemoryStore`; it keeps the store alive."""
 
-    def __init__(self, store: MemoryStore, settings: ElasticSettings, clock: Clock | None) -> None:
-        super().__init__(store, settings, backend="memory", local_addr="127.0.0.1", clock=clock)
+    def __init__(
+        self,
+        store: MemoryStore,
+        settings: ElasticSettings,
+        *,
+        local_addr: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(
+            store, settings, backend="memory", local_addr=local_addr or "127.0.0.1", clock=clock
+        )
         self.memory_store = store
 
 
@@ -43,4 +52,5 @@ def create_handler(params: RendezvousParameters) -> MemoryRendezvousHandler:
             f"rendezvous option store={store!r} is not a MemoryStore; the memory backend "
             "runs in-process only (use c10d or etcd across processes)"
         )
-    return MemoryRendezvousHandler(store, settings, clock)
+    local_addr = params.local_addr or params.get("local_addr")
+    return MemoryRendezvousHandler(store, settings, local_addr=local_addr, clock=clock)
