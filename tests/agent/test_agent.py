@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -359,3 +360,13 @@ async def test_nodes_with_different_worker_counts_get_contiguous_ranks(tmp_path:
     assert {env["WORLD_SIZE"] for env in envs} == {"3"}
     assert in_node_order == [0, 1, 2]
     assert sorted(len(ranks) for ranks in by_node.values()) == [1, 2]
+
+
+async def test_many_restarts_leak_no_file_descriptors(handler: Any) -> None:
+    """Ten failed attempts later, the agent holds no pipe, pidfd or file it did not hold before."""
+    before = set(os.listdir("/proc/self/fd"))
+    spec = spec_for(handler, "--fail-rank", "0", "--fail-attempts", "10", max_restarts=10)
+    result, _ = await run_agent(spec)
+    after = set(os.listdir("/proc/self/fd"))
+    assert (result.state, result.restart_count) == (RunState.SUCCEEDED, 10)
+    assert after - before == set()
