@@ -230,7 +230,7 @@ async def launch(config: LaunchConfig) -> int:
     from aioelastic.agent._group import unwrap_single_error
     from aioelastic.agent._report import format_report
     from aioelastic.agent._spec import WorkerSpec
-    from aioelastic.events import EventLogError, observe
+    from aioelastic.events import EventLogError, observe, watch_rendezvous
     from aioelastic.metrics import MetricsPortError
     from aioelastic.rendezvous import (
         RendezvousError,
@@ -259,7 +259,11 @@ async def launch(config: LaunchConfig) -> int:
         with unwrap_single_error(), anyio.CancelScope() as router.early_exit:
             async with anyio.create_task_group() as tg:
                 await tg.start(router.watch, config.signals)
-                async with observed as events, handler_context as handler:
+                async with (
+                    observed as events,
+                    handler_context as handler,
+                    watch_rendezvous(handler, events, console=sys.stderr),
+                ):
                     spec = WorkerSpec(
                         config.entrypoint,
                         handler,

@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 
+from aioelastic.agent._group import unwrap_single_error
 from aioelastic.events._jsonl import JsonLinesWriter
 from aioelastic.events._logging import LoggingSubscriber
 from aioelastic.events._stream import Emitter, EventStream
@@ -37,20 +38,21 @@ async def observe(
     """
     stream = EventStream(node=node)
     stream.subscribe(LoggingSubscriber(level=logging.DEBUG))
-    async with AsyncExitStack() as stack:
-        if events_file is not None:
-            writer = stack.enter_context(JsonLinesWriter(events_file))
-            stream.subscribe(writer)
-        if metrics_port is not None:
-            from aioelastic.metrics import PrometheusMetrics, metrics_listener, serve_metrics
+    with unwrap_single_error():  # the block's own error leaves as itself, not as a group
+        async with AsyncExitStack() as stack:
+            if events_file is not None:
+                writer = stack.enter_context(JsonLinesWriter(events_file))
+                stream.subscribe(writer)
+            if metrics_port is not None:
+                from aioelastic.metrics import PrometheusMetrics, metrics_listener, serve_metrics
 
-            metrics = PrometheusMetrics()
-            listener = await metrics_listener(metrics_port, metrics_host)
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tg.cancel_scope.cancel)
-            port = await tg.start(serve_metrics, metrics, listener)
-            stream.subscribe(metrics)
-            logger.info("serving Prometheus metrics on %s:%d/metrics", metrics_host, port)
-        for source, component in components.items():
-            stack.callback(stream.attach(component, source))
-        yield stream
+                metrics = PrometheusMetrics()
+                listener = await metrics_listener(metrics_port, metrics_host)
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                stack.callback(tg.cancel_scope.cancel)
+                port = await tg.start(serve_metrics, metrics, listener)
+                stream.subscribe(metrics)
+                logger.info("serving Prometheus metrics on %s:%d/metrics", metrics_host, port)
+            for source, component in components.items():
+                stack.callback(stream.attach(component, source))
+            yield stream

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import anyio
 
 from aioelastic._clock import Clock, MonotonicClock
+from aioelastic.agent._group import unwrap_single_error
 from aioelastic.events._stream import EventStream
 
 logger = logging.getLogger("aioelastic.rendezvous.progress")
@@ -63,6 +64,7 @@ async def watch_rendezvous(
 ) -> AsyncIterator[None]:
     """Report the progress of ``handler``'s joins while the block runs (see the module doc).
 
+    With a ``stream``, the handler's own events are published there too (as ``rendezvous``).
     A handler without events (``static``) is left alone. ``console`` gets one line per report;
     ``clock`` (default: the loop's monotonic clock) times the reports.
     """
@@ -104,10 +106,14 @@ async def watch_rendezvous(
                     print(f"[aioelastic] {event.describe()}", file=console, flush=True)
 
     unsubscribe = handler.subscribe(on_event)
+    detach = stream.attach(handler, "rendezvous") if stream is not None else None
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(report)
-            yield
-            tg.cancel_scope.cancel()
+        with unwrap_single_error():  # the block's own error leaves as itself, not as a group
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(report)
+                yield
+                tg.cancel_scope.cancel()
     finally:
         unsubscribe()
+        if detach is not None:
+            detach()

@@ -132,3 +132,10 @@ async def test_observe_writes_the_events_of_attached_components(tmp_path: Path) 
     assert [(e.node, e.source, e.kind) for e in read_event_log(path)] == [
         ("n", "agent", "RendezvousCompleted")
     ]
+
+
+async def test_an_error_in_an_observed_block_leaves_as_itself() -> None:
+    """observe() with a metrics server does not wrap the block's error in an exception group."""
+    with pytest.raises(LookupError, match="boom"):
+        async with observe({}, metrics_port=0, metrics_host="127.0.0.1"):
+            raise LookupError("boom")

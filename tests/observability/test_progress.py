@@ -61,3 +61,22 @@ async def test_a_handler_without_events_is_left_alone() -> None:
     with anyio.fail_after(5):
         async with watch_rendezvous(object()):
             pass
+
+
+async def test_the_handlers_own_events_reach_the_stream() -> None:
+    """With a stream, watch_rendezvous publishes the handler's events as 'rendezvous'."""
+    stream, recorder = EventStream(node="n"), EventRecorder()
+    stream.subscribe(recorder)
+    async with RendezvousCluster(1, min_nodes=1, max_nodes=1) as cluster:
+        async with watch_rendezvous(cluster.nodes[0].handler, stream, clock=cluster.clock):
+            await cluster.rendezvous()
+        await cluster.rendezvous()  # after the block: no longer published
+    assert recorder.kinds("rendezvous") == ["RoundJoining", "RoundCompleted"]
+
+
+async def test_an_error_in_the_watched_block_leaves_as_itself() -> None:
+    """The watcher's task group does not wrap the block's error in an exception group."""
+    async with RendezvousCluster(1) as cluster:
+        with pytest.raises(LookupError, match="boom"):
+            async with watch_rendezvous(cluster.nodes[0].handler, clock=cluster.clock):
+                raise LookupError("boom")
