@@ -128,6 +128,7 @@ class WorkerGroup:
         self.workers: list[_Worker] = []
         self.reaps: dict[int, WorkerReaped] = {}
         self.stop_started = math.inf
+        self._failures: tuple[WorkerFailure, ...] = ()
         self._notices, self._receive = anyio.create_memory_object_stream[_Exited | WorkerReaped](
             math.inf
         )
@@ -193,7 +194,13 @@ class WorkerGroup:
         return outcome, detail
 
     def failures(self) -> tuple[WorkerFailure, ...]:
-        """The workers that failed on their own (not those stopped), first failure first."""
+        """The workers that failed on their own (not those stopped), first failure first.
+
+        Known once the group has stopped (empty before); error files are read once.
+        """
+        return self._failures
+
+    def _collect_failures(self) -> tuple[WorkerFailure, ...]:
         failed = []
         for worker in self.workers:
             code, ended = worker.process.returncode, worker.ended_at
@@ -300,5 +307,6 @@ class WorkerGroup:
                     worker.process.signal_group(signal.SIGKILL)
             await all_exited()
             self._emit(WorkersStopped(reason, signum, len(stubborn)))
-        for failure in self.failures():
+        self._failures = self._collect_failures()
+        for failure in self._failures:
             self._emit(WorkerFailed(failure))
