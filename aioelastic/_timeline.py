@@ -82,9 +82,10 @@ class _Builder:
         if kind in RENDEZVOUS_STARTS or first:
             self.waiting.setdefault(node, when)
         if kind in RENDEZVOUS_ENDS:
-            start = self.waiting.pop(node, when)
-            label = _round_label(data)
-            self.spans.append(Span(node_lane, start, when, "rendezvous", label))
+            if node in self.waiting:  # the handler's and the agent's completion: one span
+                start = self.waiting.pop(node)
+                label = _round_label(data)
+                self.spans.append(Span(node_lane, start, when, "rendezvous", label))
         elif kind == "WorkersStarted":
             for rank, pid in zip(data.get("ranks", ()), data.get("pids", ()), strict=False):
                 lane = self.lane(f"rank {rank} ({node})")

@@ -97,3 +97,15 @@ def test_the_timeline_renders_to_a_png(tmp_path: Path) -> None:
     path = tmp_path / "timeline.png"
     render_timeline(build_timeline(RUN), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_handlers_and_the_agents_completions_make_one_span() -> None:
+    """RoundCompleted then RendezvousCompleted of one round draw a single rendezvous span."""
+    timeline = build_timeline(
+        [
+            LoggedEvent(0.0, "a", "agent", "RendezvousJoining", {}),
+            LoggedEvent(1.0, "a", "rendezvous", "RoundCompleted", {"round": 1, "rank": 0}),
+            LoggedEvent(1.0, "a", "agent", "RendezvousCompleted", {"group_rank": 0}),
+        ]
+    )
+    assert [(s.start, s.end) for s in timeline.spans] == [(0.0, 1.0)]
