@@ -19,7 +19,7 @@ from aioelastic.events import EventRecord
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-WAIT_STARTS = frozenset({"GroupRestarting", "MembershipChanged"})
+WAIT_STARTS = frozenset({"RendezvousJoining", "GroupRestarting", "MembershipChanged"})
 """Event kinds after which an agent is back in rendezvous (the duration histogram's start)."""
 
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
@@ -63,8 +63,9 @@ class PrometheusMetrics:
     ``aioelastic_watchdog_reaps_total``, ``aioelastic_membership_changes_total``,
     ``aioelastic_rendezvous_rounds_total``, ``aioelastic_rendezvous_duration_seconds``
     (histogram: from the start or a restart to the round's completion),
-    ``aioelastic_world_size``, ``aioelastic_rendezvous_waiting_nodes`` (set with
-    :meth:`set_waiting_nodes`), ``aioelastic_active_timers`` (timer events seen) and
+    ``aioelastic_world_size``, ``aioelastic_rendezvous_waiting_nodes`` (nodes joined while this
+    one waits, from ``RendezvousWaiting`` reports, or :meth:`set_waiting_nodes`),
+    ``aioelastic_active_timers`` (timer events seen) and
     ``aioelastic_events_total`` by source and kind.
     """
 
@@ -130,7 +131,10 @@ class PrometheusMetrics:
         if self._waiting_since is None:
             self._waiting_since = record.time
         match kind:
+            case "RendezvousWaiting":
+                self.waiting_nodes.set(event.joined)
             case "RendezvousCompleted":
+                self.waiting_nodes.set(0)
                 self.rounds.inc()
                 self.world_size.set(event.world_size)
                 self.rendezvous_duration.observe(max(0.0, record.time - self._waiting_since))

@@ -14,7 +14,7 @@ from aioelastic.agent._events import (
     RendezvousCompleted,
     WorkerReaped,
 )
-from aioelastic.events import EventRecord, observe, read_event_log
+from aioelastic.events import EventRecord, RendezvousWaiting, observe, read_event_log
 from aioelastic.metrics import (
     MetricsPortError,
     PrometheusMetrics,
@@ -61,6 +61,16 @@ def test_agent_events_drive_counters_gauges_and_the_duration_histogram() -> None
     assert value(metrics, "aioelastic_rendezvous_duration_seconds_sum") == 2.0 + 0.5 + 5.0
     assert value(metrics, "aioelastic_rendezvous_duration_seconds_count") == 3
     assert value(metrics, "aioelastic_events_total", source="agent", kind="WorkerReaped") == 1
+
+
+def test_waiting_nodes_follow_progress_reports_until_the_round_completes() -> None:
+    """A progress report sets the waiting-nodes gauge; the completed round resets it."""
+    metrics = PrometheusMetrics(start=0.0)
+    feed(metrics, (5.0, RendezvousWaiting("job", 0, 2, 3, 4, 5.0, 600.0)))
+    assert value(metrics, "aioelastic_rendezvous_waiting_nodes") == 2
+    feed(metrics, (9.0, completed(3)))
+    assert value(metrics, "aioelastic_rendezvous_waiting_nodes") == 0
+    assert value(metrics, "aioelastic_rendezvous_duration_seconds_sum") == 9.0
 
 
 def test_active_timers_count_armed_scopes_until_released_or_their_process_exits() -> None:
