@@ -12,6 +12,12 @@ from aioelastic.events import read_event_log
 
 pytestmark = pytest.mark.anyio
 
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """These tests drive subprocesses: one event loop is enough to wait for them."""
+    return "asyncio"
+
 FAIL_ONCE = """\
 import os, sys
 if os.environ["LOCAL_RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
