@@ -188,7 +188,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     flag(
         "--standalone",
-        help="single-node job with a private in-process rendezvous; ignores the --rdzv-* flags",
+        help="single-node job with a private in-process rendezvous (--rdzv-backend, "
+        "--rdzv-endpoint and --rdzv-id are ignored)",
     )
     option(
         "--max-restarts",
@@ -257,7 +258,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="serve Prometheus metrics on this port (needs aioelastic[metrics]; 0: any free)",
     )
     add("training_script", metavar="TRAINING_SCRIPT", help="the worker program")
-    add("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
+    add("training_script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
     parser.set_defaults(handler=run_command)
     return parser
 
