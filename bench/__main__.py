@@ -108,6 +108,15 @@ def machine() -> list[tuple[str, str]]:
     ]
 
 
+def load_machine() -> list[tuple[str, str]]:
+    """The machine facts saved with the logs (they describe the run, not the present)."""
+    saved = LOGS / "machine.txt"
+    if not saved.exists():
+        return [("machine", "unknown (no bench/logs/machine.txt)")]
+    pairs = (line.split("\t", 1) for line in saved.read_text().splitlines() if "\t" in line)
+    return [(key, value) for key, value in pairs]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", choices=BENCHES, default=list(BENCHES))
@@ -115,7 +124,10 @@ def main() -> None:
     parser.add_argument("--from-logs", action="store_true", help="report on bench/logs/ only")
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
-    facts = machine()
+    facts = load_machine() if args.from_logs else machine()
+    if not args.from_logs:
+        LOGS.mkdir(exist_ok=True)
+        (LOGS / "machine.txt").write_text("".join(f"{k}\t{v}\n" for k, v in facts))
     runs = []
     for name in args.only:
         run = load_bench(name) if args.from_logs else run_bench(name, args.timeout)

@@ -261,7 +261,11 @@ def render_markdown(
 
 def render_chart(figures: Iterable[Figure], path: str) -> bool:
     """Draw a horizontal bar per comparable figure (log scale, 1 = parity); False if no data."""
-    rows = [(f"{f.bench}: {f.name}", f.advantage) for f in figures if f.advantage is not None]
+    rows = [
+        (f"{f.bench}: {f.name}" + (" [vs target]" if f.reference_name == "target" else ""), adv)
+        for f in figures
+        if (adv := f.advantage) is not None
+    ]
     if not rows:
         return False
     import matplotlib
