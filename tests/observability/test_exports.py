@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import types
+
+import pytest
+
+import aioelastic.events
+import aioelastic.metrics
 import aioelastic.testing
 
-
-def test_testing_kit_exports_its_names() -> None:
-    """aioelastic.testing exports the clock, the cluster and the fault injectors, and they exist."""
-    expected = {
+SURFACES = {
+    aioelastic.testing: {
         "DEFAULT_CONFIG",
         "EventRecorder",
         "FaultyStore",
@@ -16,6 +20,39 @@ def test_testing_kit_exports_its_names() -> None:
         "Node",
         "RendezvousCluster",
         "Stall",
-    }
-    assert set(aioelastic.testing.__all__) == expected
-    assert all(hasattr(aioelastic.testing, name) for name in expected)
+    },
+    aioelastic.events: {
+        "WARNING_KINDS",
+        "Emitter",
+        "EventLogError",
+        "EventRecord",
+        "EventStream",
+        "EventStreamStatistics",
+        "JsonLinesWriter",
+        "LoggedEvent",
+        "LoggingSubscriber",
+        "RendezvousWaiting",
+        "Subscriber",
+        "decode_line",
+        "encode_record",
+        "observe",
+        "read_event_log",
+        "to_data",
+        "watch_rendezvous",
+    },
+    aioelastic.metrics: {
+        "DURATION_BUCKETS",
+        "MetricsPortError",
+        "MetricsUnavailableError",
+        "PrometheusMetrics",
+        "metrics_listener",
+        "serve_metrics",
+    },
+}
+
+
+@pytest.mark.parametrize("module", list(SURFACES), ids=lambda m: m.__name__)
+def test_a_package_exports_exactly_its_names(module: types.ModuleType) -> None:
+    """__all__ lists the intended names, each one exists, and nothing private leaks."""
+    assert set(module.__all__) == SURFACES[module]
+    assert all(hasattr(module, name) for name in module.__all__)
