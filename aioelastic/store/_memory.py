@@ -36,6 +36,8 @@ class MemoryStoreStatistics:
     keys: int
     revision: int
     expiring_keys: int
+    tombstones: int
+    """Deleted keys still remembered, so a waiter from an older revision sees the delete."""
     key_waiters: int
     change_waiters: int
 
@@ -76,7 +78,6 @@ class MemoryStore(Store):
         self._realtime = isinstance(self.clock, MonotonicClock)
         self._data: dict[str, bytes] = {}
         self._changed: dict[str, int] = {}  # key -> revision of its last change (incl. deletes)
-        self._tombstones = 0
         self._compacted = 0  # changes at or below this revision may have been forgotten
         self._revision = 0
         self._expiry: dict[str, float] = {}
@@ -100,6 +101,7 @@ class MemoryStore(Store):
             keys=len(self._data),
             revision=self._revision,
             expiring_keys=len(self._expiry),
+            tombstones=len(self._changed) - len(self._data),
             key_waiters=sum(len(events) for events in self._key_waiters.values()),
             change_waiters=len(self._change_waiters),
         )
@@ -138,14 +140,12 @@ class MemoryStore(Store):
     def _remove(self, key: str) -> None:
         del self._data[key]
         self._expiry.pop(key, None)
-        self._tombstones += 1
 
     def _compact(self) -> None:
         """Forget tombstones once they outnumber live keys by a margin; waiters re-read."""
-        if self._tombstones <= len(self._data) + _TOMBSTONE_SLACK:
+        if len(self._changed) - len(self._data) <= len(self._data) + _TOMBSTONE_SLACK:
             return
         self._changed = {key: rev for key, rev in self._changed.items() if key in self._data}
-        self._tombstones = 0
         self._compacted = self._revision
 
     def expire_due(self) -> None:

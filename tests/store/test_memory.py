@@ -1,0 +1,161 @@
+"""MemoryStore beyond the shared contract: its core against a model, closing, compaction."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from aioelastic.store import MemoryStore, StoreClosedError, StoreTimeoutError
+from aioelastic.testing import ManualClock
+from tests.store.conftest import Parked, WatchedClock
+
+_keys = st.sampled_from(["a", "b", "p/a", "p/b"])
+_values = st.binary(max_size=4)
+_ttls = st.none() | st.sampled_from([0.5, 1.0, 2.5])
+
+
+class MemoryStoreModel(RuleBasedStateMachine):
+    """The synchronous core of MemoryStore behaves like a dict with deadlines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock()
+        self.store = MemoryStore(clock=self.clock)
+        self.model: dict[str, tuple[bytes, float | None]] = {}
+        self.revision = 0
+
+    def live(self) -> dict[str, bytes]:
+        now = self.clock.now()
+        return {
+            k: v for k, (v, deadline) in self.model.items() if deadline is None or deadline > now
+        }
+
+    def mutated(self) -> None:
+        assert self.store.revision > self.revision
+        self.revision = self.store.revision
+
+    @rule(key=_keys, value=_values, ttl=_ttls)
+    def set(self, key: str, value: bytes, ttl: float | None) -> None:
+        self.store.set_nowait(key, value, ttl=ttl)
+        self.model[key] = (value, None if ttl is None else self.clock.now() + ttl)
+        self.mutated()
+
+    @rule(key=_keys, amount=st.integers(-3, 3))
+    def add(self, key: str, amount: int) -> None:
+        current = self.live().get(key, b"0")
+        if not current.lstrip(b"-").isdigit():
+            return
+        total = self.store.add_nowait(key, amount)
+        assert total == int(current) + amount
+        deadline = self.model[key][1] if key in self.live() else None
+        self.model[key] = (str(total).encode(), deadline)
+        self.mutated()
+
+    @rule(key=_keys, expected=_values, desired=_values)
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> None:
+        current = self.live().get(key)
+        stored = self.store.compare_set_nowait(key, expected, desired)
+        if (current is None and not expected) or current == expected:
+            assert stored == desired
+            deadline = self.model[key][1] if current is not None else None
+            self.model[key] = (desired, deadline)
+            self.mutated()
+        else:
+            assert stored == (expected if current is None else current)
+
+    @rule(key=_keys, value=_values)
+    def append(self, key: str, value: bytes) -> None:
+        live = self.live()
+        self.store.append_nowait(key, value)
+        deadline = self.model[key][1] if key in live else None
+        self.model[key] = (live.get(key, b"") + value, deadline)
+        self.mutated()
+
+    @rule(key=_keys)
+    def delete(self, key: str) -> None:
+        existed = key in self.live()
+        assert self.store.delete_nowait(key) == existed
+        self.model.pop(key, None)
+        if existed:
+            self.mutated()
+
+    @rule(seconds=st.sampled_from([0.25, 0.5, 1.0]))
+    def advance(self, seconds: float) -> None:
+        before = self.live()
+        self.clock.advance(seconds)
+        expired = set(before) - set(self.live())
+        snapshot = self.store.get_prefix_nowait("")
+        assert (snapshot.revision > self.revision) == bool(expired)
+        self.revision = snapshot.revision
+
+    @precondition(lambda self: self.revision > 0)
+    @rule(prefix=st.sampled_from(["", "p/", "a"]))
+    def nothing_changed_since_now(self, prefix: str) -> None:
+        assert not self.store.changed_since(prefix, self.store.revision)
+
+    @invariant()
+    def contents_match(self) -> None:
+        live = self.live()
+        assert self.store.get_prefix_nowait("").items == live
+        assert self.store.num_keys_nowait() == len(live)
+
+
+TestMemoryStoreModel = MemoryStoreModel.TestCase
+
+
+@pytest.mark.anyio
+async def test_closing_wakes_waiters_with_closed_error() -> None:
+    """Calls parked in a store that is closed raise StoreClosedError, as do later calls."""
+    clock = WatchedClock()
+    store = MemoryStore(clock=clock)
+    parked = Parked(clock)
+    errors: list[StoreClosedError] = []
+
+    async def waiter(call: str) -> None:
+        try:
+            if call == "get":
+                await store.get("k")
+            else:
+                await store.wait_for_change("", after=0)
+        except StoreClosedError as error:
+            errors.append(error)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter, "get")
+        tg.start_soon(waiter, "wait_for_change")
+        await parked.wait(2)
+        await store.aclose()
+    assert len(errors) == 2
+    with pytest.raises(StoreClosedError, match="the memory store was closed"):
+        await store.set("k", b"v")
+
+
+@pytest.mark.anyio
+async def test_default_clock_times_out_a_zero_timeout() -> None:
+    """On the real monotonic clock, timeout=0 fails at once with the key named."""
+    store = MemoryStore()
+    with pytest.raises(StoreTimeoutError, match="after 0 s waiting for 'k' on memory"):
+        await store.get("k", timeout=0)
+
+
+def test_deleted_keys_are_forgotten_beyond_a_bound() -> None:
+    """Tombstones of deleted keys are compacted, so churn does not grow memory without bound."""
+    store = MemoryStore(clock=ManualClock())
+    start = store.revision
+    for i in range(5000):
+        store.set_nowait(f"k{i}", b"v")
+        store.delete_nowait(f"k{i}")
+    assert store.statistics().tombstones <= 1025
+    assert store.changed_since("unrelated/", start)  # history compacted: callers re-read
+
+
+def test_statistics_count_keys_and_waiters() -> None:
+    """statistics() is a snapshot of keys, expiring keys and revision."""
+    store = MemoryStore(clock=ManualClock())
+    store.set_nowait("a", b"1", ttl=5)
+    store.set_nowait("b", b"2")
+    stats = store.statistics()
+    assert (stats.keys, stats.expiring_keys, stats.revision) == (2, 1, 2)
+    assert (stats.key_waiters, stats.change_waiters) == (0, 0)
