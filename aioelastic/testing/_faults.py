@@ -62,6 +62,7 @@ class Stall:
         """Block the calling store operation until the stall is released."""
         self.held += 1
         self._changed.set()
+        self._changed = anyio.Event()
         try:
             await self._released.wait()
         finally:
@@ -70,7 +71,6 @@ class Stall:
     async def wait_held(self, count: int = 1) -> None:
         """Return once at least ``count`` calls are held."""
         while self.held < count:
-            self._changed = anyio.Event()
             await self._changed.wait()
 
     def release(self) -> None:

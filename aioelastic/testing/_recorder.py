@@ -28,6 +28,7 @@ class EventRecorder:
     def __call__(self, record: EventRecord) -> None:
         self.records.append(record)
         self._changed.set()
+        self._changed = anyio.Event()
 
     def kinds(self, source: str | None = None) -> list[str]:
         """The kinds recorded so far (only from ``source`` if given), in order."""
@@ -40,6 +41,5 @@ class EventRecorder:
     async def wait_for(self, kind: str, count: int = 1, *, node: str | None = None) -> EventRecord:
         """Return the ``count``-th record of ``kind`` (from ``node``), waiting until it arrives."""
         while len(found := self.of(kind, node=node)) < count:
-            self._changed = anyio.Event()
             await self._changed.wait()
         return found[count - 1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from aioelastic.events import EventStream
 from aioelastic.rendezvous import InvalidationReason, RendezvousTimeoutError
 from aioelastic.store import MemoryStore, StoreConnectionError
 from aioelastic.testing import EventRecorder, FaultyStore, ManualClock, RendezvousCluster
@@ -175,3 +176,34 @@ async def test_the_cluster_streams_every_nodes_rendezvous_events() -> None:
     assert {r.source for r in recorder.records} == {"rendezvous"}
     assert sorted(r.event.rank for r in completed) == [0, 1]
     assert recorder.kinds().count("RoundJoining") == 2
+
+
+async def test_two_tasks_can_wait_on_one_stall_and_one_recorder() -> None:
+    """Concurrent waiters of wait_held() and wait_for() all wake."""
+    store = FaultyStore(MemoryStore(clock=ManualClock()))
+    stall = store.stall("set")
+    recorder = EventRecorder()
+    stream = EventStream(node="n")
+    stream.subscribe(recorder)
+    woke: list[str] = []
+
+    async def wait_stall(name: str) -> None:
+        await stall.wait_held()
+        woke.append(name)
+
+    async def wait_record(name: str) -> None:
+        await recorder.wait_for("int")
+        woke.append(name)
+
+    with anyio.fail_after(5):  # generous: everything happens without waiting
+        async with anyio.create_task_group() as tg:
+            for name in ("s1", "s2"):
+                tg.start_soon(wait_stall, name)
+            for name in ("r1", "r2"):
+                tg.start_soon(wait_record, name)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(store.set, "k", b"v")
+            stream.publish("test", 7)
+            await anyio.wait_all_tasks_blocked()
+            stall.release()
+    assert sorted(woke) == ["r1", "r2", "s1", "s2"]
