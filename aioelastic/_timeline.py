@@ -109,7 +109,10 @@ class _Builder:
             restart = f"restart {data.get('restart_count', '?')}/{data.get('max_restarts', '?')}"
             self.marks.append(Mark(node_lane, when, "restart", restart))
         elif kind in ("MembershipChanged", "RoundInvalidated", "NodeLost"):
-            self.marks.append(Mark(node_lane, when, "membership", str(data.get("reason", kind))))
+            reason = str(data.get("reason", kind)).lower()
+            if kind == "NodeLost":
+                reason = f"reported node {data.get('lost', '?')} lost"
+            self.marks.append(Mark(node_lane, when, "membership", reason))
         elif kind == "ShutdownRequested":
             self.marks.append(Mark(node_lane, when, "shutdown", f"signal {data.get('signal')}"))
         elif kind == "RunFinished":
@@ -173,6 +176,24 @@ MARK_STYLES = {
 }
 
 
+def _label_offsets(timeline: Timeline) -> list[tuple[Mark, int | None]]:
+    """Each mark with how many label rows to raise its label (None: same label, just shown).
+
+    Marks of one lane closer than 2% of the run share a crowd: their labels stack upwards and a
+    label already shown in the crowd is not repeated.
+    """
+    near = timeline.duration / 50
+    placed: list[tuple[Mark, int | None]] = []
+    crowd: list[Mark] = []
+    for mark in sorted(timeline.marks, key=lambda m: (m.lane, m.time)):
+        if not crowd or crowd[-1].lane != mark.lane or mark.time - crowd[-1].time > near:
+            crowd = []
+        repeated = any(m.label == mark.label for m in crowd)
+        placed.append((mark, None if repeated else len({m.label for m in crowd})))
+        crowd.append(mark)
+    return placed
+
+
 def render_timeline(timeline: Timeline, path: str, *, title: str = "aioelastic run") -> None:
     """Draw ``timeline`` as a PNG at ``path`` (needs matplotlib)."""
     import matplotlib
@@ -188,16 +209,17 @@ def render_timeline(timeline: Timeline, path: str, *, title: str = "aioelastic r
         color = SPAN_COLORS["rendezvous" if span.kind == "rendezvous" else span.outcome]
         width = max(span.end - span.start, timeline.duration / 500 or 0.001)
         ax.barh(rows[span.lane], width, left=span.start, height=0.6, color=color)
-    for mark in timeline.marks:
+    for mark, raise_by in _label_offsets(timeline):
         marker, color = MARK_STYLES[mark.kind]
         ax.plot(mark.time, rows[mark.lane], marker=marker, color=color, markersize=9)
-        ax.annotate(
-            mark.label,
-            (mark.time, rows[mark.lane]),
-            xytext=(4, 8),
-            textcoords="offset points",
-            fontsize=7,
-        )
+        if raise_by is not None:
+            ax.annotate(
+                mark.label,
+                (mark.time, rows[mark.lane]),
+                xytext=(4, 8 + 8 * raise_by),
+                textcoords="offset points",
+                fontsize=7,
+            )
     ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first event")

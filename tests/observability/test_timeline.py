@@ -83,7 +83,7 @@ def test_a_log_that_ends_while_waiting_shows_the_wait_open() -> None:
         [ev(0.0, "RunStarted"), ev(3.0, "MembershipChanged", reason="NODES_WAITING")]
     )
     assert Span("a", 0.0, 3.0, "rendezvous", "waiting (log ended)") in timeline.spans
-    assert Mark("a", 3.0, "membership", "NODES_WAITING") in timeline.marks
+    assert Mark("a", 3.0, "membership", "nodes_waiting") in timeline.marks
 
 
 def test_no_events_is_an_empty_timeline() -> None:
@@ -109,3 +109,25 @@ def test_the_handlers_and_the_agents_completions_make_one_span() -> None:
         ]
     )
     assert [(s.start, s.end) for s in timeline.spans] == [(0.0, 1.0)]
+
+
+def test_labels_of_one_incident_stack_and_do_not_repeat() -> None:
+    """Marks of one lane at nearly one time raise their labels; a repeated label is not shown."""
+    from aioelastic._timeline import _label_offsets
+
+    timeline = build_timeline(
+        [
+            ev(0.0, "RendezvousCompleted", group_rank=0, group_world_size=2),
+            ev(5.0, "NodeLost", round=1, lost=2),
+            ev(5.0, "RoundInvalidated", reason="participant_lost"),
+            ev(5.0, "MembershipChanged", reason="PARTICIPANT_LOST"),
+            ev(10.0, "RunFinished", result={"state": "succeeded"}),
+        ]
+    )
+    offsets = [(mark.label, raise_by) for mark, raise_by in _label_offsets(timeline)]
+    assert offsets == [
+        ("reported node 2 lost", 0),
+        ("participant_lost", 1),
+        ("participant_lost", None),
+        ("succeeded", 0),
+    ]
