@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.anyio
 def anyio_backend() -> str:
     """These tests drive subprocesses: one event loop is enough to wait for them."""
     return "asyncio"
+
 
 FAIL_ONCE = """\
 import os, sys
@@ -95,3 +97,26 @@ async def test_a_bad_events_file_is_a_one_line_timeline_error(tmp_path: Path) ->
     code, output = await aioelastic("timeline", bad, "-o", tmp_path / "out.png")
     assert code == 2
     assert f"{bad}:2: not JSON" in output
+
+
+async def test_a_worker_can_scrape_the_agents_metrics(tmp_path: Path) -> None:
+    """With --metrics-port, the agent serves Prometheus metrics while its workers run."""
+    pytest.importorskip("prometheus_client", reason="needs the metrics extra (prometheus-client)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    scraped = tmp_path / "metrics.txt"
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import os, urllib.request\n"
+        "if os.environ['LOCAL_RANK'] == '0':\n"
+        f"    with urllib.request.urlopen('http://127.0.0.1:{port}/metrics', timeout=30) as r:\n"
+        f"        open({str(scraped)!r}, 'wb').write(r.read())\n"
+    )
+    code, output = await aioelastic(
+        "run", "--standalone", "--nproc-per-node", "2", "--metrics-port", str(port), worker
+    )
+    assert code == 0, output
+    text = scraped.read_text()
+    assert "aioelastic_world_size 2.0" in text
+    assert "aioelastic_rendezvous_rounds_total 1.0" in text
