@@ -79,13 +79,17 @@ def _under(items: Mapping[str, bytes], prefix: str) -> dict[str, bytes]:
     return {key: value for key, value in items.items() if key.startswith(prefix)}
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def format_status(status: RunStatus) -> str:
     """A short human-readable report of ``status``."""
     state = "closed" if status.closed else "open"
     lines = [
         f"run {status.run_id!r}: round {status.round}, {state}, "
-        f"{len(status.participants)} participants, {len(status.waiting)} waiting, "
-        f"{status.nodes_seen} node ids handed out",
+        f"{_count(len(status.participants), 'participant')}, {len(status.waiting)} waiting, "
+        f"{_count(status.nodes_seen, 'node id')} handed out",
     ]
     if status.participants or status.waiting:
         lines.append(f"  {'rank':>4}  {'node':>5}  {'alive':5}  host")
