@@ -129,6 +129,13 @@ class RendezvousModel(RuleBasedStateMachine):
         """An idle node (it completed or failed a round) calls next_rendezvous again."""
         self._begin(data.draw(st.sampled_from(self._idle())))
 
+    @precondition(lambda self: len(self._idle()) >= 2)
+    @rule()
+    def regroup(self) -> None:
+        """Every idle node re-joins at once (agents restarting after an invalidated round)."""
+        for node in self._idle():
+            self._begin(node)
+
     def _begin(self, node: SimNode) -> None:
         node.machine = m.JoinMachine(
             self.policy, node.node, f"host{node.node}", 1000 + node.node, node.previous
@@ -383,7 +390,7 @@ class RendezvousModel(RuleBasedStateMachine):
 
 
 RendezvousModel.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=100,
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
