@@ -31,6 +31,7 @@ each phase, the events it accepts and the phases it may move to.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -151,14 +152,20 @@ class RoundResult:
 
     @classmethod
     def decode(cls, round_: int, data: bytes) -> RoundResult:
-        try:
-            addr, port, members = json.loads(data)
-            return cls(round_, tuple(int(m) for m in members), str(addr), int(port))
-        except (ValueError, TypeError) as error:
-            raise RendezvousStateError(
-                f"result of round {round_} is malformed ({data[:60]!r}): {error}; "
-                "is another program or version using this run id?"
-            ) from None
+        return _decode_result(round_, data)
+
+
+@functools.lru_cache(maxsize=8)
+def _decode_result(round_: int, data: bytes) -> RoundResult:
+    """Decode a result once per process: the nodes of a simulation all read the same bytes."""
+    try:
+        addr, port, members = json.loads(data)
+        return RoundResult(round_, tuple(int(m) for m in members), str(addr), int(port))
+    except (ValueError, TypeError) as error:
+        raise RendezvousStateError(
+            f"result of round {round_} is malformed ({data[:60]!r}): {error}; "
+            "is another program or version using this run id?"
+        ) from None
 
 
 def seal(round_: int, candidates: Iterable[JoinRecord], max_nodes: int) -> RoundResult:
