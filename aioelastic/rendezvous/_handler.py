@@ -6,6 +6,9 @@ import abc
 from types import TracebackType
 from typing import Self
 
+import anyio
+from anyio.abc import TaskStatus
+
 from aioelastic.rendezvous._info import RendezvousInfo, RoundInvalidated
 
 
@@ -52,6 +55,16 @@ class RendezvousHandler(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> bool:
         """Leave the rendezvous without closing it for others; return whether it went cleanly."""
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the handler in the caller's task group until cancelled.
+
+        ``await tg.start(handler.serve)`` returns once the handler is connected; cancelling
+        the task leaves the rendezvous as ``async with`` would.
+        """
+        async with self:
+            task_status.started()
+            await anyio.sleep_forever()
 
     async def __aenter__(self) -> Self:
         return self

@@ -280,3 +280,28 @@ async def test_events_and_statistics_tell_the_story_of_a_round(
         verdict,
     ]
     assert watcher.statistics().invalidated == verdict
+
+
+async def test_serve_runs_the_handler_in_the_callers_task_group(
+    make_handler: MakeHandler,
+) -> None:
+    """``await tg.start(handler.serve)`` connects; cancelling the task leaves the run."""
+    first, second = make_handler(min_nodes=2, max_nodes=2), make_handler(min_nodes=2, max_nodes=2)
+    async with anyio.create_task_group() as tg:
+        await tg.start(first.serve)
+        await tg.start(second.serve)
+        infos = await finished(start(tg, [first, second]))
+        assert sorted(info.rank for info in infos) == [0, 1]
+        tg.cancel_scope.cancel()
+    with pytest.raises(RendezvousStateError, match="shut down"):
+        await first.next_rendezvous()
+
+
+async def test_one_join_at_a_time_per_handler(make_handler: MakeHandler) -> None:
+    """A second concurrent next_rendezvous on one handler is a usage error."""
+    handler = make_handler()
+    async with cluster([handler]) as tg:
+        start(tg, [handler])
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(RendezvousStateError, match="already running on this handler"):
+            await handler.next_rendezvous()
