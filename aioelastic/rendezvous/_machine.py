@@ -21,7 +21,13 @@ compare-and-set, so every node of a round reads the same sealed outcome:
 
 Each node does a constant number of store operations per round, so a round costs O(N) in total.
 Ranks: a member of the previous round keeps its rank when that rank is below the new world
-size; the others fill the free ranks in node-id order.
+size; the others fill the free ranks (previous members first, then by node id).
+
+After a round completes, the keys of the next round are its *inbox* (:func:`assess_inbox`): a
+join record there means nodes are waiting, a *lost* mark that a member is gone (written by the
+member itself when it leaves, or by its ring predecessor, :func:`ring_successor`, once its
+liveness key expired), and a ``closed`` result that the job is over. The next round's arrival
+counter doubles as the inbox's doorbell, so members wait for one key, not for a prefix.
 
 The machine is driven by :meth:`JoinMachine.send`: it takes an :class:`Event` (the outcome of
 the previous :class:`Command`) and returns the next command; :data:`TRANSITIONS` lists, for
