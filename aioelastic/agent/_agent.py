@@ -84,7 +84,8 @@ class ElasticAgent:
     ```
     ``shutdown_signals`` are handled while running (the launcher passes SIGTERM, SIGINT, SIGHUP
     and SIGQUIT; an embedding program usually cancels instead). Worker output goes to
-    ``stdout``/``stderr`` (binary streams; default the process's own).
+    ``stdout``/``stderr`` (binary streams; default the process's own). ``on_watchdog_event``
+    receives the watchdog's own timer events (acquired, released, expired, reaped, ...).
     """
 
     def __init__(
@@ -95,8 +96,10 @@ class ElasticAgent:
         shutdown_signals: Sequence[signal.Signals] = (),
         stdout: IO[bytes] | None = None,
         stderr: IO[bytes] | None = None,
+        on_watchdog_event: Callable[[TimerEvent], None] | None = None,
     ) -> None:
         self.spec = spec
+        self._on_watchdog_event = on_watchdog_event
         self._subscribers: list[EventCallback] = [on_event] if on_event is not None else []
         self._shutdown_signals = tuple(shutdown_signals)
         self._consoles = Consoles(
@@ -253,6 +256,8 @@ class ElasticAgent:
             on_event=self._on_timer_event,
             watch=WatchPolicy.descendants_of(os.getpid()),
         )
+        if self._on_watchdog_event is not None:
+            server.subscribe(self._on_watchdog_event)
         await tg.start(server.serve)
         self._timer_file = server.file_path
 

@@ -274,7 +274,11 @@ async def launch(config: LaunchConfig) -> int:
                         shutdown_timeout=config.shutdown_timeout,
                         logs=config.logs,
                     )
-                    router.agent = ElasticAgent(spec, on_event=ConsoleReporter())
+                    router.agent = ElasticAgent(
+                        spec,
+                        on_event=ConsoleReporter(),
+                        on_watchdog_event=events.publisher("timer"),
+                    )
                     events.attach(router.agent, "agent")
                     result = await router.agent.run()
                 tg.cancel_scope.cancel()

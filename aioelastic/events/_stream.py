@@ -115,6 +115,14 @@ class EventStream:
                 )
         return record
 
+    def publisher(self, source: str, *, node: str | None = None) -> Callable[[object], None]:
+        """A callback publishing each event it is given as coming from ``source`` (on ``node``)."""
+
+        def publish(event: object) -> None:
+            self.publish(source, event, node=node)
+
+        return publish
+
     def attach(
         self, component: Emitter, source: str, *, node: str | None = None
     ) -> Callable[[], None]:
@@ -122,11 +130,7 @@ class EventStream:
 
         Returns a function that detaches the component.
         """
-
-        def forward(event: object) -> None:
-            self.publish(source, event, node=node)
-
-        return component.subscribe(forward)
+        return component.subscribe(self.publisher(source, node=node))
 
     def statistics(self) -> EventStreamStatistics:
         """Return a snapshot of the counters."""

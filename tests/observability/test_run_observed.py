@@ -120,3 +120,31 @@ async def test_a_worker_can_scrape_the_agents_metrics(tmp_path: Path) -> None:
     text = scraped.read_text()
     assert "aioelastic_world_size 2.0" in text
     assert "aioelastic_rendezvous_rounds_total 1.0" in text
+
+
+HANGS_ONCE = """\
+import os, threading
+from aioelastic import timer
+timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+with timer.expires(after=0.5, scope="step"):
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        threading.Event().wait()  # hung: only the watchdog ends this
+"""
+
+
+async def test_the_watchdogs_own_events_are_in_the_events_file(tmp_path: Path) -> None:
+    """A hung step: the timer's acquired, expired and reaped events sit next to the agent's."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(HANGS_ONCE)
+    events = tmp_path / "events.jsonl"
+    code, output = await aioelastic(
+        "run", "--standalone", "--max-restarts", "1", "--events-file", events, worker
+    )
+    assert code == 0, output
+    logged = list(read_event_log(events))
+    timer_kinds = [e.kind for e in logged if e.source == "timer"]
+    assert timer_kinds[:3] == ["TimerAcquired", "TimerExpired", "TimerReaped"]
+    reaped = next(e for e in logged if e.kind == "TimerReaped")
+    agent_reaped = next(e for e in logged if e.kind == "WorkerReaped")
+    assert reaped.data["scope_id"] == agent_reaped.data["scope_id"] == "step"
+    assert reaped.data["pid"] == agent_reaped.data["pid"]
