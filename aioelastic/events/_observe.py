@@ -20,6 +20,9 @@ from aioelastic.events._stream import Emitter, EventStream
 
 logger = logging.getLogger(__name__)
 
+PER_STEP_KINDS = frozenset({"TimerAcquired", "TimerReleased"})
+"""Events a training loop emits at every step: counted by the metrics, kept out of the file."""
+
 
 @asynccontextmanager
 async def observe(
@@ -33,15 +36,18 @@ async def observe(
     """Gather ``components`` (source name -> component) into one stream while the block runs.
 
     Every record is logged at DEBUG on ``aioelastic.events`` (WARNING for failures); with
-    ``events_file`` it is appended there as a JSON line; with ``metrics_port`` Prometheus
-    metrics are served on that port (0 picks a free one; see the log for which).
+    ``events_file`` it is appended there as a JSON line (except the per-step
+    :data:`PER_STEP_KINDS`); with ``metrics_port`` Prometheus metrics are served on that port
+    (0 picks a free one; see the log for which).
     """
     stream = EventStream(node=node)
     stream.subscribe(LoggingSubscriber(level=logging.DEBUG))
     with unwrap_single_error():  # the block's own error leaves as itself, not as a group
         async with AsyncExitStack() as stack:
             if events_file is not None:
-                writer = stack.enter_context(JsonLinesWriter(events_file))
+                writer = stack.enter_context(
+                    JsonLinesWriter(events_file, skip_kinds=PER_STEP_KINDS)
+                )
                 stream.subscribe(writer)
             if metrics_port is not None:
                 from aioelastic.metrics import PrometheusMetrics, metrics_listener, serve_metrics

@@ -133,7 +133,7 @@ with timer.expires(after=0.5, scope="step"):
 
 
 async def test_the_watchdogs_own_events_are_in_the_events_file(tmp_path: Path) -> None:
-    """A hung step: the timer's acquired, expired and reaped events sit next to the agent's."""
+    """A hung step: the timer's expired and reaped events sit next to the agent's."""
     worker = tmp_path / "worker.py"
     worker.write_text(HANGS_ONCE)
     events = tmp_path / "events.jsonl"
@@ -143,7 +143,7 @@ async def test_the_watchdogs_own_events_are_in_the_events_file(tmp_path: Path) -
     assert code == 0, output
     logged = list(read_event_log(events))
     timer_kinds = [e.kind for e in logged if e.source == "timer"]
-    assert timer_kinds[:3] == ["TimerAcquired", "TimerExpired", "TimerReaped"]
+    assert timer_kinds[:2] == ["TimerExpired", "TimerReaped"]  # per-step arms stay out
     reaped = next(e for e in logged if e.kind == "TimerReaped")
     agent_reaped = next(e for e in logged if e.kind == "WorkerReaped")
     assert reaped.data["scope_id"] == agent_reaped.data["scope_id"] == "step"
