@@ -37,8 +37,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--rdzv-backend", default="c10d", choices=BACKENDS, help="the job's rendezvous backend")
-    add("--rdzv-endpoint", required=True, help="HOST:PORT of the store (etcd: a list)")
-    add("--rdzv-id", required=True, help="the job's run id")
+    add("--rdzv-endpoint", default=None, help="HOST:PORT of the store (etcd: a list)")
+    add("--rdzv-id", default="none", help="the job's run id")
     add(
         "--rdzv-conf",
         default={},
@@ -46,33 +46,74 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the job's rendezvous options that reach the store (etcd_prefix, cacert, user, ...)",
     )
     add("--timeout", default=10.0, type=float, help="seconds to wait for the store")
+    add(
+        "--timers",
+        metavar="HOST:PORT",
+        default=None,
+        help="list the watchdog timers armed on the node whose `aioelastic run --metrics-port` "
+        "is HOST:PORT (scope and seconds left)",
+    )
     add("--json", action="store_true", help="print the state as one JSON object")
     parser.set_defaults(handler=status_command)
     return parser
 
 
 def status_command(args: argparse.Namespace) -> int:
-    """The ``aioelastic status`` handler: read, print, exit 0 (1 if the store is unreachable)."""
+    """The ``aioelastic status`` handler: read, print, exit 0 (1 if a source is unreachable)."""
     import anyio
 
-    from aioelastic._status import format_status
+    from aioelastic._status import format_status, format_timers
     from aioelastic.events import to_data
     from aioelastic.rendezvous import RendezvousError
 
-    try:
-        status = anyio.run(
-            fetch_status,
-            args.rdzv_backend,
-            args.rdzv_endpoint,
-            args.rdzv_id,
-            args.rdzv_conf,
-            args.timeout,
+    if args.rdzv_endpoint is None and args.timers is None:
+        print(
+            f"{PROG}: error: give --rdzv-endpoint (and --rdzv-id), --timers, or both",
+            file=sys.stderr,
         )
-    except RendezvousError as error:
+        return 2
+    report: dict[str, Any] = {}
+    texts = []
+    try:
+        if args.rdzv_endpoint is not None:
+            status = anyio.run(
+                fetch_status,
+                args.rdzv_backend,
+                args.rdzv_endpoint,
+                args.rdzv_id,
+                args.rdzv_conf,
+                args.timeout,
+            )
+            report.update(to_data(status))
+            texts.append(format_status(status))
+        if args.timers is not None:
+            timers = fetch_timers(args.timers, args.timeout)
+            report["timers"] = timers
+            texts.append(format_timers(args.timers, timers))
+    except (RendezvousError, OSError, ValueError) as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(to_data(status)) if args.json else format_status(status))
+    print(json.dumps(report) if args.json else "\n".join(texts))
     return 0
+
+
+def fetch_timers(address: str, timeout: float) -> list[dict[str, Any]]:
+    """The timers a node's metrics endpoint lists at ``/timers``."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{address}/timers"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            timers = json.loads(reply.read())
+    except (OSError, ValueError) as error:
+        raise OSError(
+            f"cannot read the watchdog timers at {url}: {error}; is `aioelastic run "
+            "--metrics-port` serving there?"
+        ) from None
+    if not isinstance(timers, list):
+        raise ValueError(f"{url} did not list timers (got {type(timers).__name__})")
+    return timers
 
 
 async def fetch_status(

@@ -1,4 +1,5 @@
-"""A job's state as its rendezvous store knows it: pure decoding and a plain-text table.
+"""A job's state as its rendezvous store knows it, and a node's watchdog timers: pure decoding
+and plain-text tables.
 
 Reads the elastic rendezvous keys of one run (the layout of :mod:`aioelastic.rendezvous._machine`)
 from a snapshot and says: the last sealed round and its participants (rank, node id, host,
@@ -8,8 +9,9 @@ is closed. Liveness is the store's verdict (a node's TTL key exists), never a cl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aioelastic.rendezvous import _machine as m
 
@@ -102,4 +104,16 @@ def format_status(status: RunStatus) -> str:
         lines.append(f"  {'wait':>4}  {node.node:>5}  {alive:5}  {node.addr}")
     if not status.round and not status.waiting:
         lines.append("  no node has joined this run yet (check --rdzv-id)")
+    return "\n".join(lines)
+
+
+def format_timers(node: str, timers: Sequence[Mapping[str, Any]]) -> str:
+    """The watchdog timers armed on ``node`` (as its metrics endpoint lists them), soonest first."""
+    if not timers:
+        return f"node {node}: no watchdog timer armed"
+    lines = [f"node {node}: {len(timers)} watchdog timer{'' if len(timers) == 1 else 's'} armed"]
+    lines.append(f"  {'pid':>7}  {'left (s)':>9}  scope")
+    for timer in timers:
+        left = float(timer["seconds_left"])
+        lines.append(f"  {timer['pid']:>7}  {left:>9.1f}  {timer['scope_id']}")
     return "\n".join(lines)

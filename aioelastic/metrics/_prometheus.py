@@ -9,6 +9,7 @@ anyio listener (no thread). Needs the optional extra ``aioelastic[metrics]``
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -111,7 +112,7 @@ class PrometheusMetrics:
             "aioelastic_events", "Events by source and kind", ["source", "kind"], registry=reg
         )
         self._waiting_since = start
-        self._timers: set[tuple[int, str]] = set()
+        self._timers: dict[tuple[int, str], float] = {}  # (pid, scope) -> monotonic deadline
 
     def __repr__(self) -> str:
         return f"PrometheusMetrics({self.registry!r})"
@@ -119,6 +120,16 @@ class PrometheusMetrics:
     def set_waiting_nodes(self, count: int) -> None:
         """Record how many nodes wait to join (sampled by whoever can ask the rendezvous)."""
         self.waiting_nodes.set(count)
+
+    def timers(self, now: float) -> list[dict[str, Any]]:
+        """The armed watchdog timers, soonest first: pid, scope and seconds left at ``now``.
+
+        ``now`` is on the watchdog's monotonic clock (the event loop's, in the same process).
+        """
+        return [
+            {"pid": pid, "scope_id": scope, "seconds_left": round(deadline - now, 3)}
+            for (pid, scope), deadline in sorted(self._timers.items(), key=lambda kv: kv[1])
+        ]
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format."""
@@ -147,11 +158,11 @@ class PrometheusMetrics:
             case "MembershipChanged":
                 self.membership_changes.inc()
             case "TimerAcquired":
-                self._timers.add((event.pid, event.scope_id))
+                self._timers[(event.pid, event.scope_id)] = event.deadline
             case "TimerReleased" | "TimerExpired":
-                self._timers.discard((event.pid, event.scope_id))
+                self._timers.pop((event.pid, event.scope_id), None)
             case "ProcessExited":
-                self._timers = {t for t in self._timers if t[0] != event.pid}
+                self._timers = {k: d for k, d in self._timers.items() if k[0] != event.pid}
         if kind in WAIT_STARTS:
             self._waiting_since = record.time
         self.active_timers.set(len(self._timers))
@@ -178,7 +189,8 @@ async def serve_metrics(
         async def answer(stream: SocketStream) -> None:
             async with stream:
                 with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                    await stream.send(response(await read_request(stream), metrics))
+                    request = await read_request(stream)
+                    await stream.send(response(request, metrics, anyio.current_time()))
 
         await listener.serve(answer)
 
@@ -192,12 +204,15 @@ async def read_request(stream: SocketStream) -> bytes:
     return request
 
 
-def response(request: bytes, metrics: PrometheusMetrics) -> bytes:
-    """The HTTP response to ``request``: the metrics for ``GET /metrics`` (or ``/``), else 404."""
+def response(request: bytes, metrics: PrometheusMetrics, now: float) -> bytes:
+    """The HTTP response to ``request``: the metrics for ``GET /metrics`` (or ``/``), the armed
+    watchdog timers as JSON for ``GET /timers`` (``now``: the watchdog's clock), else 404."""
     method, _, rest = request.partition(b" ")
     path = rest.partition(b" ")[0].partition(b"?")[0]
     if method == b"GET" and path in (b"/", b"/metrics"):
         body, status, kind = metrics.exposition(), "200 OK", _client().CONTENT_TYPE_LATEST
+    elif method == b"GET" and path == b"/timers":
+        body, status, kind = json.dumps(metrics.timers(now)).encode(), "200 OK", "application/json"
     else:
         body, status, kind = b"not found: scrape /metrics\n", "404 Not Found", "text/plain"
     head = (

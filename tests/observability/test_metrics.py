@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import anyio
@@ -21,6 +22,7 @@ from aioelastic.metrics import (
     metrics_listener,
     serve_metrics,
 )
+from aioelastic.metrics._prometheus import response
 from aioelastic.timer import ProcessExited, TimerAcquired, TimerReleased
 
 pytest.importorskip("prometheus_client", reason="needs the metrics extra (prometheus-client)")
@@ -149,3 +151,42 @@ async def test_an_error_in_an_observed_block_leaves_as_itself() -> None:
     with pytest.raises(LookupError, match="boom"):
         async with observe({}, metrics_port=0, metrics_host="127.0.0.1"):
             raise LookupError("boom")
+
+
+def test_armed_timers_are_listed_soonest_first_with_time_left() -> None:
+    """timers(now) lists (pid, scope, seconds left) of armed timers, soonest deadline first."""
+    metrics = PrometheusMetrics(start=0.0)
+    feed(
+        metrics,
+        (1.0, TimerAcquired(10, "late", 50.0, 0.0, 9)),
+        (1.0, TimerAcquired(11, "soon", 20.0, 0.0, 9)),
+        (1.0, TimerAcquired(12, "gone", 30.0, 0.0, 9)),
+        (2.0, TimerReleased(12, "gone")),
+    )
+    assert metrics.timers(now=15.0) == [
+        {"pid": 11, "scope_id": "soon", "seconds_left": 5.0},
+        {"pid": 10, "scope_id": "late", "seconds_left": 35.0},
+    ]
+    reply = response(b"GET /timers HTTP/1.1\r\n\r\n", metrics, 15.0)
+    assert reply.startswith(b"HTTP/1.1 200 OK")
+    assert b'"scope_id": "soon"' in reply
+
+
+async def test_status_lists_a_nodes_timers_from_its_metrics_endpoint() -> None:
+    """`aioelastic status --timers HOST:PORT` prints the node's armed scopes and time left."""
+    metrics = PrometheusMetrics(start=0.0)
+    feed(metrics, (1.0, TimerAcquired(4242, "epoch-3/step-17", anyio.current_time() + 600, 0, 9)))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_metrics, metrics, await metrics_listener(0, "127.0.0.1"))
+        with anyio.fail_after(60):  # generous: a subprocess on a loaded machine
+            done = await anyio.run_process(
+                [sys.executable, "-m", "aioelastic", "status", "--timers", f"127.0.0.1:{port}"],
+                check=False,
+            )
+        tg.cancel_scope.cancel()
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr
+    assert "1 watchdog timer armed" in out
+    pid, left, scope = out.splitlines()[-1].split()
+    assert (pid, scope) == ("4242", "epoch-3/step-17")
+    assert 0 < float(left) <= 600

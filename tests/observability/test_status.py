@@ -153,3 +153,10 @@ async def test_the_status_command_prints_json_from_a_live_server() -> None:
         )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["round"] == 0
+
+
+async def test_status_without_a_source_says_what_to_give() -> None:
+    """Neither a store nor a node to read: exit 2 with one line naming the flags."""
+    result = await anyio.run_process([sys.executable, "-m", "aioelastic", "status"], check=False)
+    assert result.returncode == 2
+    assert b"give --rdzv-endpoint (and --rdzv-id), --timers, or both" in result.stderr
