@@ -29,7 +29,10 @@ DEFAULT_INTERVAL = 5.0
 
 @dataclass(frozen=True, slots=True)
 class RendezvousWaiting:
-    """A node has been joining run ``run_id`` for ``waited`` seconds; ``joined`` nodes so far."""
+    """A node has been joining run ``run_id`` for ``waited`` seconds; ``joined`` nodes so far.
+
+    ``members`` names them (``"<node id> at <address>"``) when the handler can say.
+    """
 
     run_id: str
     node: int
@@ -38,6 +41,7 @@ class RendezvousWaiting:
     max_nodes: int
     waited: float
     join_timeout: float
+    members: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for humans: what the node waits for."""
@@ -47,9 +51,13 @@ class RendezvousWaiting:
         else:
             wanted = f"the last call for up to max_nodes={self.max_nodes} to end"
         left = max(0.0, self.join_timeout - self.waited)
+        shown = ", ".join(f"node {m}" for m in self.members[:6])
+        if len(self.members) > 6:
+            shown += ", ..."
         return (
             f"rendezvous {self.run_id!r}: node {self.node} waiting {self.waited:.0f} s for "
-            f"{wanted}; {self.joined} joined so far; join timeout in {left:.0f} s"
+            f"{wanted}; {self.joined} joined so far{f' ({shown})' if shown else ''}; "
+            f"join timeout in {left:.0f} s"
         )
 
 
@@ -90,14 +98,16 @@ async def watch_rendezvous(
                 await timer.sleep_until(timer.now() + interval)  # periodic by nature
                 if not handler.statistics().joining:
                     break
+                nodes: dict[int, str] = await handler.waiting_nodes()
                 event = RendezvousWaiting(
                     run_id=settings.run_id,
                     node=handler.node_id,
-                    joined=await handler.num_nodes_waiting(),
+                    joined=len(nodes),
                     min_nodes=settings.min_nodes,
                     max_nodes=settings.max_nodes,
                     waited=timer.now() - started[0],
                     join_timeout=settings.join_timeout,
+                    members=tuple(f"{node} at {addr}" for node, addr in nodes.items()),
                 )
                 logger.info("%s", event.describe())
                 if stream is not None:

@@ -268,10 +268,17 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 round_ += 1
 
     async def num_nodes_waiting(self) -> int:
+        return len(await self._next_round_joins())
+
+    async def waiting_nodes(self) -> dict[int, str]:
+        """The nodes that joined the next round so far (node id -> address), for progress logs."""
+        joins = await self._next_round_joins()
+        return {node: record.addr for node, record in sorted(m.parse_records(joins).items())}
+
+    async def _next_round_joins(self) -> dict[str, bytes]:
         store = self._require_store()
         round_ = await self._latest() + 1
-        snapshot = await self._guarded(store.get_prefix(m.join_prefix(round_)))
-        return len(snapshot.items)
+        return (await self._guarded(store.get_prefix(m.join_prefix(round_)))).items
 
     async def wait_round_invalidated(self) -> RoundInvalidated:
         self._require_store()

@@ -31,7 +31,10 @@ async def test_a_lone_node_reports_what_it_waits_for_every_interval(
     reports = [r.event for r in recorder.of("RendezvousWaiting")]
     assert [r.waited for r in reports] == [5.0, 10.0, 15.0]
     assert {(r.joined, r.min_nodes) for r in reports} == {(1, 3)}
-    assert "waiting 15 s for 2 more nodes (min_nodes=3); 1 joined so far" in console.getvalue()
+    assert (
+        "waiting 15 s for 2 more nodes (min_nodes=3); 1 joined so far (node 1 at 127.0.0.1)"
+        in console.getvalue()
+    )
     assert "join timeout in 585 s" in caplog.text
 
 
