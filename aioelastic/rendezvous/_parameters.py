@@ -164,11 +164,11 @@ class ElasticSettings:
             value = getattr(self, name)
             if not value > 0:
                 raise RendezvousParameterError(
-                    f"rendezvous option {name}={value!r} must be a positive number of seconds"
+                    f"rendezvous option {name}={value:g} must be a positive number of seconds"
                 )
         if not self.last_call_timeout >= 0:
             raise RendezvousParameterError(
-                f"rendezvous option last_call_timeout={self.last_call_timeout!r} must be >= 0"
+                f"rendezvous option last_call_timeout={self.last_call_timeout:g} must be >= 0"
             )
         if self.heartbeat_timeout <= self.keep_alive_interval:
             raise RendezvousParameterError(
