@@ -123,8 +123,8 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
         raise RendezvousParameterError(
             f"rendezvous option store_type={store_type!r} is not supported; only 'tcp' is"
         )
-    host, port = parse_endpoint(params.endpoint)
     is_host = params.get_as_bool("is_host")
+    host, port = parse_endpoint(params.endpoint)
     opener = functools.partial(
         open_tcp_store,
         host,
