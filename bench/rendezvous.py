@@ -17,6 +17,7 @@ has 2 cores: figures are noisy. Run ``python -m bench.rendezvous``.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import logging
@@ -31,7 +32,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -153,7 +154,9 @@ def _report(rank: int) -> None:
 def torch_node(impl: str, port: int, nodes: int, run_id: str) -> None:
     from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
 
-    rank_config = {"rank": int(os.environ["BENCH_RANK"])} if impl == "torch-static" else {}
+    rank_config: dict[str, Any] = (
+        {"rank": int(os.environ["BENCH_RANK"])} if impl == "torch-static" else {}
+    )
     params = RendezvousParameters(
         backend="static" if impl == "torch-static" else "c10d",
         endpoint=f"127.0.0.1:{port}",
@@ -174,7 +177,9 @@ def torch_node(impl: str, port: int, nodes: int, run_id: str) -> None:
 async def ours_node(impl: str, port: int, nodes: int, run_id: str) -> None:
     from aioelastic.rendezvous import RendezvousParameters, get_rendezvous_handler
 
-    rank_config = {"rank": int(os.environ["BENCH_RANK"])} if impl == "ours-static" else {}
+    rank_config: dict[str, Any] = (
+        {"rank": int(os.environ["BENCH_RANK"])} if impl == "ours-static" else {}
+    )
     params = RendezvousParameters(
         "static" if impl == "ours-static" else "c10d",
         f"127.0.0.1:{port}",
@@ -221,7 +226,7 @@ def processes(impl: str, nodes: int) -> float:
         started = time.monotonic()
         for proc in procs:
             _send(proc, "go")
-        ends = [json.loads(_line(proc))["end"] for proc in procs]
+        ends = [float(json.loads(_line(proc))["end"]) for proc in procs]
         for proc in reversed(procs):  # node 0 hosts the store: it leaves last
             _send(proc, "exit")
             proc.wait(timeout=60)
@@ -237,7 +242,7 @@ def _line(proc: subprocess.Popen[str]) -> str:
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:
-        raise RuntimeError(f"bench node {proc.args} exited with {proc.wait()}")
+        raise RuntimeError(f"bench node {proc.args!r} exited with {proc.wait()}")
     return line
 
 
@@ -277,16 +282,20 @@ def main() -> None:
     print(f"{'N':>5} {'aioelastic':>12} {'torch':>12} {'speed-up':>9} {'target':>9}")
     sizes = (2, 16) if args.quick else (2, 4, 8, 16)
     for nodes in sizes:
-        ours = median(args.repeat, lambda n=nodes: processes("ours", n))
+        ours = median(args.repeat, functools.partial(processes, "ours", nodes))
         theirs = (
-            median(args.repeat, lambda n=nodes: processes("torch", n)) if has_torch else math.nan
+            median(args.repeat, functools.partial(processes, "torch", nodes))
+            if has_torch
+            else math.nan
         )
         target = f"{TARGETS[nodes] * 1000:.0f} ms" if nodes in TARGETS else ""
         print(f"{nodes:5} {fmt(ours)} {fmt(theirs)} {theirs / ours:8.1f}x {target:>9}")
     if not args.quick:
-        ours = median(args.repeat, lambda: processes("ours-static", 8))
+        ours = median(args.repeat, functools.partial(processes, "ours-static", 8))
         theirs = (
-            median(args.repeat, lambda: processes("torch-static", 8)) if has_torch else math.nan
+            median(args.repeat, functools.partial(processes, "torch-static", 8))
+            if has_torch
+            else math.nan
         )
         print(f"{'8 st':>5} {fmt(ours)} {fmt(theirs)} {theirs / ours:8.1f}x  (static backends)")
 
