@@ -411,16 +411,19 @@ class TCPStore(Store):
                     if connection is None:
                         await self._wait_connected()
                         continue
+                    # Marked before sending: the reply may be routed before send() returns.
+                    call.sent_on = connection
                     try:
                         await connection.send(call.frame)
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        if call.sent_on is not connection or call.event.is_set():
+                            continue  # the supervisor already re-sent or failed it
                         if op in _UNSAFE_TO_RESEND:
                             raise StoreOutcomeUnknownError(
                                 self.endpoint, op.name.lower(), subject
                             ) from None
+                        call.sent_on = None
                         await self._wait_connected()
-                        continue
-                    call.sent_on = connection
                 await call.event.wait()
         except anyio.get_cancelled_exc_class():
             await self._withdraw(call, request_id)
