@@ -28,6 +28,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aioelastic.store._errors import StoreProtocolError
 
@@ -41,6 +42,7 @@ DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 """The largest frame body accepted by default, in bytes."""
 
 Field = str | bytes | int | float | bool | None | list[str] | list[bytes]
+K = TypeVar("K", "Op", "Status")
 
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
@@ -297,22 +299,25 @@ def _header(body: bytes) -> tuple[int, int]:
 
 def decode_request(body: bytes) -> Request:
     """Decode a request frame body (without its length prefix)."""
-    kind, request_id = _header(body)
-    try:
-        op = Op(kind)
-    except ValueError:
-        raise StoreProtocolError(f"unknown operation {kind}", request_id) from None
-    return Request(op, request_id, _Cursor(body, request_id).fields(REQUEST_FIELDS[op]))
+    op, request_id, fields = _decode(body, Op, REQUEST_FIELDS, "operation")
+    return Request(op, request_id, fields)
 
 
 def decode_reply(body: bytes) -> Reply:
     """Decode a reply frame body (without its length prefix)."""
-    kind, request_id = _header(body)
+    status, request_id, fields = _decode(body, Status, REPLY_FIELDS, "reply status")
+    return Reply(status, request_id, fields)
+
+
+def _decode(
+    body: bytes, kinds: type[K], layouts: dict[K, str], what: str
+) -> tuple[K, int, tuple[Field, ...]]:
+    code, request_id = _header(body)
     try:
-        status = Status(kind)
+        kind = kinds(code)
     except ValueError:
-        raise StoreProtocolError(f"unknown reply status {kind}", request_id) from None
-    return Reply(status, request_id, _Cursor(body, request_id).fields(REPLY_FIELDS[status]))
+        raise StoreProtocolError(f"unknown {what} {code}", request_id) from None
+    return kind, request_id, _Cursor(body, request_id).fields(layouts[kind])
 
 
 def decode_preamble(data: bytes) -> int:

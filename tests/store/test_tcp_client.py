@@ -109,6 +109,25 @@ class Running:
         await self.stopped.wait()
 
 
+async def park_failing_get(
+    tg: anyio.abc.TaskGroup,
+    store: TCPStore,
+    clock: ManualClock,
+    errors: list[StoreConnectionError],
+) -> None:
+    """Start a get that collects its StoreConnectionError; return once it waits server-side."""
+
+    async def getter() -> None:
+        try:
+            await store.get("k")
+        except StoreConnectionError as error:
+            errors.append(error)
+
+    parked = Parked(clock)
+    tg.start_soon(getter)
+    await parked.wait()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -168,16 +187,7 @@ async def test_server_restart_fails_pending_calls_then_serves(clock: ManualClock
     async with anyio.create_task_group() as tg:
         first_running = await Running.start(tg, first)
         async with TCPStore("127.0.0.1", first.port) as store, anyio.create_task_group() as calls:
-
-            async def getter() -> None:
-                try:
-                    await store.get("k")
-                except StoreConnectionError as error:
-                    errors.append(error)
-
-            parked = Parked(clock)
-            calls.start_soon(getter)
-            await parked.wait()
+            await park_failing_get(calls, store, clock, errors)
             await first_running.stop()
             async with TCPStoreServer(port=first.port, clock=clock) as second:
                 await store.set("k", b"new server")
@@ -202,16 +212,7 @@ async def test_pending_call_fails_when_the_server_never_comes_back(clock: Manual
         running = await Running.start(tg, server)
         store = TCPStore("127.0.0.1", server.port, connect_timeout=0.2)
         async with store, anyio.create_task_group() as calls:
-
-            async def getter() -> None:
-                try:
-                    await store.get("k")
-                except StoreConnectionError as error:
-                    errors.append(error)
-
-            parked = Parked(clock)
-            calls.start_soon(getter)
-            await parked.wait()
+            await park_failing_get(calls, store, clock, errors)
             await running.stop()
     [error] = errors
     assert "could not connect within 0.2 s" in str(error)
