@@ -57,6 +57,10 @@ log = logging.getLogger("aioelastic.store.tcp")
 _RECEIVE_SIZE = 65536
 
 
+_BACKLOG = 65535
+"""Pending connections the kernel may queue (capped by ``net.core.somaxconn``), as anyio's."""
+
+
 @dataclass(frozen=True, slots=True)
 class TCPStoreServerStatistics:
     """A snapshot of a :class:`TCPStoreServer`'s counters."""
@@ -172,8 +176,13 @@ class TCPStoreServer:
         """Serve through asyncio protocols: replies are written from the read callback."""
         loop = asyncio.get_running_loop()
         connections: set[_AsyncioConnection] = set()
+        # asyncio's default backlog of 100 overflows under a burst of connections: the kernel
+        # then leaves clients connected on their side but never accepted (no timeout applies).
         listener = await loop.create_server(
-            lambda: _AsyncioConnection(self, connections), self.host, self.requested_port
+            lambda: _AsyncioConnection(self, connections),
+            self.host,
+            self.requested_port,
+            backlog=_BACKLOG,
         )
         try:
             self._listening(listener.sockets[0].getsockname()[1])

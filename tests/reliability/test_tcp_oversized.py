@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import pytest
 
@@ -20,7 +22,7 @@ async def test_value_over_the_frame_limit_is_refused_before_sending(op: str) -> 
         TCPStoreServer(max_frame_size=LIMIT) as server,
         TCPStore("127.0.0.1", server.port, max_frame_size=LIMIT, timeout=30) as store,
     ):
-        calls = {
+        calls: dict[str, Callable[[], Awaitable[object]]] = {
             "set": lambda: store.set("k", big),
             "append": lambda: store.append("k", big),
             "compare_set": lambda: store.compare_set("k", b"", big),
