@@ -1,0 +1,123 @@
+"""Stress: SIGTERM, SIGINT and SIGKILL to `aioelastic run` at several points of its life.
+
+Each worker starts a grandchild (``sleep``) and records both pids; after the agent is gone the
+test counts which of them are still alive a generous while later. SIGTERM and SIGINT must leave
+nothing behind. SIGKILL cannot be handled by the agent: its workers notice through the
+parent-death signal; what else survives is counted and reported.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from stress.conftest import Figures
+
+TRIALS_PER_SIGNAL = 8
+WORKER = """
+import os, subprocess, sys, time
+out = sys.argv[1]
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+child = subprocess.Popen(["sleep", "3600"])
+with open(os.path.join(out, f"{os.getpid()}.{child.pid}"), "w"):
+    pass
+print("ready", flush=True)
+if attempt == "0" and os.environ["LOCAL_RANK"] == "0" and sys.argv[2] == "restart":
+    sys.exit(1)
+time.sleep(3600)
+"""
+
+
+@pytest.fixture
+def anyio_backend() -> Any:
+    return ("asyncio", {})
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return stat.read().split(b") ")[-1][:1] != b"Z"
+
+
+async def wait_gone(pids: list[int], bound: float) -> list[int]:
+    """The pids still alive after ``bound`` seconds (checked each time one of them exits)."""
+    with anyio.move_on_after(bound):
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                await anyio.wait_readable(fd)
+            finally:
+                os.close(fd)
+    return [pid for pid in pids if alive(pid)]
+
+
+async def one_trial(tmp: Path, signum: int, point: str) -> tuple[int, int]:
+    """Run the agent, signal it at ``point``; return (workers left, grandchildren left)."""
+    out = tmp / f"{signum}-{point}-{random.random()}"
+    out.mkdir()
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    mode = "restart" if point == "restart" else "stay"
+    command = [sys.executable, "-m", "aioelastic", "run", "--standalone"]
+    command += ["--nproc-per-node", "2", "--max-restarts", "3", "--shutdown-timeout", "5"]
+    command += [str(script), str(out), mode]
+    agent = await anyio.open_process(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert agent.stdout is not None
+        seen = b""
+        want = {"early": b"", "running": b"ready", "restart": b"restarting"}[point]
+        readies = 0
+        with anyio.fail_after(120):
+            while want and (want not in seen or (point == "running" and readies < 2)):
+                seen += await agent.stdout.receive()
+                readies = seen.count(b"ready")
+        agent.send_signal(signum)
+        with anyio.fail_after(120):
+            await agent.wait()
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+        await agent.aclose()
+    pairs = [name.split(".") for name in os.listdir(out)]
+    workers = await wait_gone([int(w) for w, _ in pairs], 30)
+    children = await wait_gone([int(c) for _, c in pairs], 5)
+    for pid in workers + children:
+        os.kill(pid, signal.SIGKILL)
+    return len(workers), len(children)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(900)
+async def test_agent_signals_leave_nothing_behind(tmp_path: Path, figures: Figures) -> None:
+    """SIGTERM/SIGINT leave 0 processes; SIGKILL's leftovers are counted (workers must be 0)."""
+    rng = random.Random(7)
+    left: dict[str, Counter[str]] = {}
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
+        counts = left.setdefault(signal.Signals(signum).name, Counter())
+        for _ in range(TRIALS_PER_SIGNAL):
+            point = rng.choice(["early", "running", "restart"])
+            workers, children = await one_trial(tmp_path, signum, point)
+            counts["trials"] += 1
+            counts[f"at {point}"] += 1
+            counts["workers left"] += workers
+            counts["grandchildren left"] += children
+    figures["by signal"] = {name: dict(c) for name, c in left.items()}
+    for name in ("SIGTERM", "SIGINT"):
+        assert left[name]["workers left"] + left[name]["grandchildren left"] == 0, left
+    assert left["SIGKILL"]["workers left"] == 0, left
