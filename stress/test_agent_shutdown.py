@@ -66,7 +66,7 @@ async def wait_gone(pids: list[int], bound: float) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
-async def one_trial(tmp: Path, signum: int, point: str) -> tuple[int, int]:
+async def one_trial(tmp: Path, signum: signal.Signals, point: str) -> tuple[int, int]:
     """Run the agent, signal it at ``point``; return (workers left, grandchildren left)."""
     out = tmp / f"{signum}-{point}-{random.random()}"
     out.mkdir()
@@ -109,7 +109,7 @@ async def test_agent_signals_leave_nothing_behind(tmp_path: Path, figures: Figur
     rng = random.Random(7)
     left: dict[str, Counter[str]] = {}
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
-        counts = left.setdefault(signal.Signals(signum).name, Counter())
+        counts = left.setdefault(signum.name, Counter())
         for _ in range(TRIALS_PER_SIGNAL):
             point = rng.choice(["early", "running", "restart"])
             workers, children = await one_trial(tmp_path, signum, point)
