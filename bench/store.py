@@ -3,7 +3,8 @@
 Workloads (issue 2), each run against both stores in the same run:
 
 * sequential: one client, one call at a time: ``set``, ``get``, ``add``, ``compare_set`` (ops/s);
-* 16 processes: 16 client processes doing set+get pairs flat out (total ops/s);
+* 16 processes: 16 client processes doing set+get pairs flat out (total ops/s), and the
+  server's CPU time per operation meanwhile (on 2 cores, client CPU limits this workload);
 * pipelined: one client, 64 concurrent ``get`` calls (torch: 64 threads sharing one client);
 * fan-out: 64 waiters parked on one key, each on its own connection; time from the ``set``
   until the last of them has its value (median of rounds);
@@ -89,6 +90,13 @@ def server(kind: str) -> Iterator[tuple[int, int]]:
         assert process.stdin is not None
         process.stdin.close()
         process.wait(timeout=30)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time used so far by ``pid``."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -382,8 +390,11 @@ def measure(kind: str) -> dict[str, float]:
         assert isinstance(sequential, dict)
         for op, rate in sequential.items():
             figures[f"sequential {op}"] = rate
-    with server(kind) as (port, _):
+    with server(kind) as (port, pid):
+        cpu = cpu_seconds(pid)
         figures["16 processes set+get"] = many_processes(kind, port)
+        ops = PROCESSES * PAIRS * 2
+        figures["  server CPU per op, 16 processes"] = (cpu_seconds(pid) - cpu) / ops * 1e6
     with server(kind) as (port, _):
         pipelined = torch_pipelined(port) if kind == "torch" else run_async(ours_pipelined, port)
         assert isinstance(pipelined, float)
@@ -407,6 +418,7 @@ UNITS = {
     f"{CONCURRENCY} concurrent": "ops/s",
     f"{WAITERS} waiters": "ms",
     "server": "MiB",
+    "  server CPU": "us",
 }
 
 
