@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import errno
 import hmac
 import ipaddress
 import logging
@@ -77,6 +78,20 @@ class TCPStoreServerStatistics:
     """Connections closed because of what they sent."""
     refused_connections: int
     """Connections refused at the handshake (token or version)."""
+
+
+def _bound_port(listener: asyncio.AbstractServer, endpoint: str) -> int:
+    """The port ``listener`` listens on.
+
+    Two processes binding one port with SO_REUSEADDR before either listens both bind; the
+    loser's ``listen()`` then fails inside uvloop, which leaves the server without a socket
+    instead of raising. Report that as the address-in-use error it is.
+    """
+    sockets = list(getattr(listener, "sockets", None) or ())
+    if not sockets or sockets[0] is None:
+        raise OSError(errno.EADDRINUSE, f"could not listen on {endpoint}: address already in use")
+    port: int = sockets[0].getsockname()[1]
+    return port
 
 
 def _is_loopback(host: str) -> bool:
@@ -185,7 +200,7 @@ class TCPStoreServer:
             backlog=_BACKLOG,
         )
         try:
-            self._listening(listener.sockets[0].getsockname()[1])
+            self._listening(_bound_port(listener, f"{self.host}:{self.requested_port}"))
             task_status.started(self.port)
             await anyio.sleep_forever()
         finally:
