@@ -37,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Self
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from aioelastic._subscribers import Subscribers
 from aioelastic.agent._env import NodeSlot, RoundInfo, WorkerRanks, assign_ranks
 from aioelastic.agent._errors import AgentStateError
 from aioelastic.agent._events import (
@@ -100,7 +101,7 @@ class ElasticAgent:
     ) -> None:
         self.spec = spec
         self._on_watchdog_event = on_watchdog_event
-        self._subscribers: list[EventCallback] = [on_event] if on_event is not None else []
+        self._subscribers: Subscribers[AgentEvent] = Subscribers(logger, "agent event", on_event)
         self._shutdown_signals = tuple(shutdown_signals)
         self._consoles = Consoles(
             console_writer(stdout or sys.stdout.buffer),
@@ -129,13 +130,7 @@ class ElasticAgent:
 
     def subscribe(self, callback: EventCallback) -> Callable[[], None]:
         """Deliver every event to ``callback``; returns a function that unsubscribes it."""
-        self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            if callback in self._subscribers:
-                self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.add(callback)
 
     def statistics(self) -> AgentStatistics:
         """A snapshot of the counters."""
@@ -426,8 +421,4 @@ class ElasticAgent:
         return Outcome.MEMBERSHIP, event.detail
 
     def _emit(self, event: AgentEvent) -> None:
-        for callback in tuple(self._subscribers):
-            try:
-                callback(event)
-            except Exception:  # a broken subscriber must not take the workers down
-                logger.exception("agent event subscriber %r failed on %r", callback, event)
+        self._subscribers.emit(event)  # a broken subscriber must not take the workers down

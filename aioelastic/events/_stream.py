@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from aioelastic._subscribers import Subscribers
+
 logger = logging.getLogger(__name__)
 
 
@@ -77,9 +79,8 @@ class EventStream:
     def __init__(self, *, node: str | None = None, clock: Callable[[], float] = time.time) -> None:
         self.node = node if node is not None else socket.gethostname()
         self._clock = clock
-        self._subscribers: list[Subscriber] = []
+        self._subscribers: Subscribers[EventRecord] = Subscribers(logger, "event")
         self._published = 0
-        self._errors = 0
         self._by_kind: Counter[str] = Counter()
 
     def __repr__(self) -> str:
@@ -87,13 +88,7 @@ class EventStream:
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Deliver every later record to ``callback``; returns a function that unsubscribes it."""
-        self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            if callback in self._subscribers:
-                self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.add(callback)
 
     def publish(self, source: str, event: object, *, node: str | None = None) -> EventRecord:
         """Stamp ``event`` from ``source`` and deliver it to every subscriber; return the record.
@@ -103,16 +98,7 @@ class EventStream:
         record = EventRecord(self._clock(), self.node if node is None else node, source, event)
         self._published += 1
         self._by_kind[record.kind] += 1
-        for callback in list(self._subscribers):
-            try:
-                callback(record)
-            except Exception:
-                self._errors += 1
-                logger.exception(
-                    "event subscriber %r failed on %s; the event still reached the others",
-                    callback,
-                    record.kind,
-                )
+        self._subscribers.emit(record)
         return record
 
     def publisher(self, source: str, *, node: str | None = None) -> Callable[[object], None]:
@@ -137,6 +123,6 @@ class EventStream:
         return EventStreamStatistics(
             published=self._published,
             subscribers=len(self._subscribers),
-            subscriber_errors=self._errors,
+            subscriber_errors=self._subscribers.errors,
             by_kind=dict(self._by_kind),
         )

@@ -23,6 +23,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from aioelastic._clock import Clock, MonotonicClock
+from aioelastic._subscribers import Subscribers
 from aioelastic.rendezvous import _machine as m
 from aioelastic.rendezvous._errors import (
     RendezvousClosedError,
@@ -90,7 +91,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
         on_event: EventCallback | None = None,
     ) -> None:
         self._source = store
-        self._subscribers: list[EventCallback] = [on_event] if on_event is not None else []
+        self._subscribers: Subscribers[RendezvousEvent] = Subscribers(
+            logger, "rendezvous event", on_event
+        )
         self._rounds_completed = 0
         self.settings = settings
         self._backend = backend
@@ -124,15 +127,10 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     def subscribe(self, callback: EventCallback) -> Callable[[], None]:
         """Call ``callback`` with every later event; return a function that unsubscribes."""
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback)
+        return self._subscribers.add(callback)
 
     def _emit(self, event: RendezvousEvent) -> None:
-        for callback in list(self._subscribers):
-            try:
-                callback(event)
-            except Exception:
-                logger.exception("rendezvous event subscriber %r failed on %r", callback, event)
+        self._subscribers.emit(event)
 
     def statistics(self) -> RendezvousStatistics:
         """Return a snapshot of this handler's state."""

@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from aioelastic._subscribers import Subscribers
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._errors import (
     StoreClosedError,
@@ -224,9 +225,9 @@ class EtcdStore(Store):
             join_running=True, closed=closed
         )
         self._shared_tg: TaskGroup | None = None  # serve()'s, for the shared calls
-        self._subscribers: list[Callable[[EtcdStoreEvent], object]] = []
-        if on_event is not None:
-            self._subscribers.append(on_event)
+        self._subscribers: Subscribers[EtcdStoreEvent] = Subscribers(
+            logger, "etcd store event", on_event
+        )
         self._counts = {"failovers": 0, "leases_lost": 0, "resumed": 0, "checks": 0}
         self._task_group: TaskGroup | None = None
         self._serving = False
@@ -309,8 +310,7 @@ class EtcdStore(Store):
 
     def subscribe(self, callback: Callable[[EtcdStoreEvent], object]) -> Callable[[], None]:
         """Call ``callback`` with every event; return a function that unsubscribes it."""
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback)
+        return self._subscribers.add(callback)
 
     def _emit(self, event: EtcdStoreEvent) -> None:
         if isinstance(event, EtcdLeaseLost):
@@ -321,8 +321,7 @@ class EtcdStore(Store):
             logger.info("etcd endpoint %s failed: %s", event.endpoint, event.detail)
         else:
             self._counts["resumed"] += 1
-        for callback in list(self._subscribers):
-            callback(event)
+        self._subscribers.emit(event)
 
     def statistics(self) -> EtcdStoreStatistics:
         """Return a snapshot of the connection, leases and failure counters."""

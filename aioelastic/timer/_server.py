@@ -22,6 +22,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from aioelastic._clock import Clock, MonotonicClock
+from aioelastic._subscribers import Subscribers
 from aioelastic.timer._codec import Rejection, TimerRequest
 from aioelastic.timer._events import (
     RejectReason,
@@ -65,7 +66,7 @@ class TimerServerBase(abc.ABC):
     ) -> None:
         self.run_id = run_id
         self._log_event = log_event
-        self._subscribers: list[EventCallback] = [on_event] if on_event is not None else []
+        self._subscribers: Subscribers[TimerEvent] = Subscribers(logger, "timer event", on_event)
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._wall_clock = wall_clock
         self._heap = DeadlineHeap()
@@ -85,13 +86,7 @@ class TimerServerBase(abc.ABC):
 
     def subscribe(self, callback: EventCallback) -> Callable[[], None]:
         """Deliver every event to ``callback``; returns a function that unsubscribes it."""
-        self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            if callback in self._subscribers:
-                self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.add(callback)
 
     def statistics(self) -> TimerServerStatistics:
         """A snapshot of the counters."""
@@ -173,11 +168,7 @@ class TimerServerBase(abc.ABC):
         return 0
 
     def _emit(self, event: TimerEvent) -> None:
-        for callback in tuple(self._subscribers):
-            try:
-                callback(event)
-            except Exception:
-                logger.exception("timer event subscriber %r failed on %r", callback, event)
+        self._subscribers.emit(event)
 
     def _log(self, name: str, request: TimerRequest | None) -> None:
         if self._log_event is not None:
