@@ -135,6 +135,20 @@ class Store(abc.ABC):
         re-read with :meth:`get_prefix`, never assume what changed.
         """
 
+    async def ttl_remaining(self, key: str) -> float | None:
+        """Return the seconds left before ``key`` expires, on the store's own clock.
+
+        None when ``key`` is missing or has no TTL. Comparing this with the TTL it was written
+        with says how long ago it was written, without comparing clocks between hosts. The
+        default answers None for a missing key and raises ``NotImplementedError`` otherwise;
+        every built-in backend overrides it.
+        """
+        if not await self.check([key]):
+            return None
+        raise NotImplementedError(
+            f"{type(self).__name__} at {self.endpoint} cannot say how long a key's TTL has left"
+        )
+
     async def aclose(self) -> None:  # noqa: B027  (optional hook, not abstract)
         """Release connections and background tasks; the default has nothing to release."""
 

@@ -826,6 +826,32 @@ class EtcdStore(Store):
         _, kvs = await self._read([self._key(key) for key in keys])
         return all(kv is not None for kv in kvs)
 
+    async def ttl_remaining(self, key: str) -> float | None:
+        """The key's lease's time to live, in whole seconds as etcd counts them.
+
+        The lease is read from the key itself, so this works for keys other clients wrote.
+        """
+        self._check_serving()
+        _, (kv,) = await self._read([self._key(key)])
+        if kv is None or not kv.lease:
+            return None
+        request = rpc.LeaseTimeToLiveRequest(ID=kv.lease)
+
+        async def attempt(member: Member, timeout: float) -> int:
+            response = await member.lease.LeaseTimeToLive(
+                request, timeout=timeout, metadata=member.metadata
+            )
+            ttl: int = response.TTL
+            return ttl
+
+        try:
+            ttl = await self._conn.call("read lease time to live", attempt)
+        except Exception as error:
+            if is_not_found(error):
+                return None  # the lease expired since the key was read
+            raise
+        return None if ttl < 0 else float(ttl)
+
     async def delete_key(self, key: str) -> bool:
         """Delete ``key``; return whether it existed (after a lost reply and a retry, a key
         this call deleted may be reported as missing)."""

@@ -268,6 +268,14 @@ class MemoryStore(Store):
         items = {key: value for key, value in self._data.items() if key.startswith(prefix)}
         return Snapshot(self._revision, items)
 
+    def ttl_remaining_nowait(self, key: str) -> float | None:
+        """Synchronous :meth:`ttl_remaining`."""
+        check_key(key)
+        self._check_open()
+        self.expire_due()
+        deadline = self._expiry.get(key)
+        return None if deadline is None else max(0.0, deadline - self.clock.now())
+
     def changed_since(self, prefix: str, after: int) -> bool:
         """Return whether a key under ``prefix`` changed at a revision above ``after``.
 
@@ -389,6 +397,11 @@ class MemoryStore(Store):
         snapshot = self.get_prefix_nowait(check_key(prefix))
         await anyio.lowlevel.checkpoint()
         return snapshot
+
+    async def ttl_remaining(self, key: str) -> float | None:
+        remaining = self.ttl_remaining_nowait(key)
+        await anyio.lowlevel.checkpoint()
+        return remaining
 
     async def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None

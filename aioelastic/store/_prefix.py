@@ -95,3 +95,6 @@ class PrefixStore(Store):
             return await self.store.wait_for_change(self._key(prefix), after=after, timeout=timeout)
         except StoreTimeoutError as error:
             raise self._unprefixed(error) from None
+
+    async def ttl_remaining(self, key: str) -> float | None:
+        return await self.store.ttl_remaining(self._key(key))

@@ -550,6 +550,12 @@ class TCPStore(Store):
         assert isinstance(values, list)
         return Snapshot(revision, dict(zip(keys, values, strict=True)))  # type: ignore[arg-type]
 
+    async def ttl_remaining(self, key: str) -> float | None:
+        reply = await self._call(Op.TTL_REMAINING, check_key(key), key)
+        remaining = reply.fields[0]
+        assert remaining is None or isinstance(remaining, float)
+        return remaining
+
     async def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None
     ) -> int:

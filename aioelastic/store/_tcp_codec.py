@@ -35,8 +35,8 @@ from aioelastic.store._errors import StoreProtocolError
 PREAMBLE = b"AIOESTORE"
 """The first bytes a client sends, so a server can tell a stray client from its own."""
 
-VERSION = 1
-"""The protocol version this module speaks."""
+VERSION = 2
+"""The protocol version this module speaks (2 added :attr:`Op.TTL_REMAINING`)."""
 
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 """The largest frame body accepted by default, in bytes."""
@@ -72,6 +72,7 @@ class Op(enum.IntEnum):
     GET_PREFIX = 13
     WAIT_FOR_CHANGE = 14
     CANCEL = 15
+    TTL_REMAINING = 16
 
 
 class Status(enum.IntEnum):
@@ -84,6 +85,7 @@ class Status(enum.IntEnum):
     VALUES = 4
     SNAPSHOT = 5
     WELCOME = 6
+    SECONDS = 7
     TIMEOUT = 16
     VALUE_ERROR = 17
     INVALID = 18
@@ -108,6 +110,7 @@ REQUEST_FIELDS: dict[Op, str] = {
     Op.GET_PREFIX: "s",  # prefix
     Op.WAIT_FOR_CHANGE: "sif",  # prefix, after, timeout
     Op.CANCEL: "",
+    Op.TTL_REMAINING: "s",  # key
 }
 """The fields of each request, by :class:`Op`."""
 
@@ -119,6 +122,7 @@ REPLY_FIELDS: dict[Status, str] = {
     Status.VALUES: "B",
     Status.SNAPSHOT: "iSB",  # revision, keys, values
     Status.WELCOME: "ii",  # server epoch, server's max frame size
+    Status.SECONDS: "F",  # seconds, or None
     Status.TIMEOUT: "Sf",  # keys, timeout
     Status.VALUE_ERROR: "s",  # message
     Status.INVALID: "s",

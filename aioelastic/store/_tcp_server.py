@@ -405,6 +405,7 @@ class _Session:
             Op.MULTI_SET: self._multi_set,
             Op.APPEND: self._append,
             Op.GET_PREFIX: self._get_prefix,
+            Op.TTL_REMAINING: self._ttl_remaining,
             Op.WAIT_FOR_CHANGE: self._wait_for_change,
             Op.CANCEL: self._cancel,
             Op.HELLO: self._hello_again,
@@ -554,6 +555,11 @@ class _Session:
         key, value = request.fields
         self.store.append_nowait(key, value)  # type: ignore[arg-type]
         return encode_reply(Status.OK, request.request_id)
+
+    def _ttl_remaining(self, request: Request) -> bytes:
+        (key,) = request.fields
+        remaining = self.store.ttl_remaining_nowait(key)  # type: ignore[arg-type]
+        return encode_reply(Status.SECONDS, request.request_id, remaining)
 
     def _get_prefix(self, request: Request) -> bytes:
         (prefix,) = request.fields

@@ -466,6 +466,35 @@ async def test_expiry_wakes_a_parked_change_waiter_at_the_expiry_time(
     assert (await store.get_prefix("p/")).items == {}
 
 
+async def test_ttl_remaining_counts_down_on_the_store_clock(
+    store: Store, store_clock: ManualClock
+) -> None:
+    """ttl_remaining says how long a TTL key has left; a keep-alive resets it."""
+    await store.set("lease", b"1", ttl=10)
+    assert await store.ttl_remaining("lease") == pytest.approx(10)
+    store_clock.advance(4)
+    assert await store.ttl_remaining("lease") == pytest.approx(6)
+    await store.set("lease", b"2", ttl=10)
+    assert await store.ttl_remaining("lease") == pytest.approx(10)
+    store_clock.advance(10)
+    assert await store.ttl_remaining("lease") is None
+
+
+async def test_ttl_remaining_is_none_for_missing_or_permanent_keys(store: Store) -> None:
+    """A missing key and a key without TTL have no remaining TTL."""
+    await store.set("permanent", b"1")
+    assert await store.ttl_remaining("missing") is None
+    assert await store.ttl_remaining("permanent") is None
+
+
+async def test_ttl_remaining_is_at_most_the_ttl(store: Store) -> None:
+    """A fresh TTL key has between 0 and its TTL left (any backend, real clock)."""
+    await store.set("lease", b"1", ttl=60)
+    remaining = await store.ttl_remaining("lease")
+    assert remaining is not None
+    assert 0 < remaining <= 60
+
+
 @pytest.mark.parametrize("ttl", [0, -1, math.inf, math.nan])
 async def test_invalid_ttl_is_refused(store: Store, ttl: float) -> None:
     """ttl must be a positive, finite number of seconds."""

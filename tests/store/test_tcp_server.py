@@ -18,6 +18,7 @@ from aioelastic.store import (
     TCPStoreServer,
 )
 from aioelastic.store._tcp_codec import (
+    VERSION,
     FrameReader,
     Op,
     Reply,
@@ -211,10 +212,12 @@ async def test_protocol_version_mismatch_is_refused(
 ) -> None:
     """A client announcing another version is refused with both versions named."""
     client = await raw.connect(tcp_server, hello=False)
-    await client.stream.send(encode_preamble(version=2) + encode_request(Op.HELLO, 0, b""))
+    other = VERSION + 1
+    await client.stream.send(encode_preamble(version=other) + encode_request(Op.HELLO, 0, b""))
     reply = await client.reply()
     assert reply.status is Status.REFUSED
-    assert "client speaks store protocol version 2, the server 1" in str(reply.fields[0])
+    expected = f"client speaks store protocol version {other}, the server {VERSION}"
+    assert expected in str(reply.fields[0])
 
 
 async def test_disconnecting_waiter_is_withdrawn(
