@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="show a job's rendezvous state as its store knows it",
         description=(
             "Read the rendezvous keys of run --rdzv-id from its store and print the last "
-            "round's participants (rank, node id, host, alive), the nodes waiting to join, "
+            "round's participants (rank, node id, host, alive, seconds since the last heartbeat "
+            "on the store's clock), the nodes waiting to join, "
             "nodes reported lost, and whether the run is closed."
         ),
     )
@@ -122,14 +123,32 @@ async def fetch_status(
     """Read run ``run_id``'s rendezvous keys from its store and decode them."""
     from aioelastic._status import read_status
     from aioelastic.rendezvous import RendezvousConnectionError
+    from aioelastic.rendezvous import _machine as m
     from aioelastic.store import PrefixStore, StoreError
 
     async with open_store(backend, endpoint, run_id, conf, timeout) as store:
+        run = PrefixStore(f"rdzv/{run_id}", store)
         try:
-            snapshot = await PrefixStore(f"rdzv/{run_id}", store).get_prefix("")
+            snapshot = await run.get_prefix("")
+            ttl_left = await _liveness_ttls(run, m.parse_alive(snapshot.items))
         except StoreError as error:
             raise RendezvousConnectionError(f"reading run {run_id!r} failed: {error}") from error
-    return read_status(run_id, snapshot.items)
+    return read_status(run_id, snapshot.items, ttl_left)
+
+
+async def _liveness_ttls(run: Store, nodes: Iterable[int]) -> dict[int, float]:
+    """The seconds each node's liveness key has left, on the store's clock (what it can say)."""
+    from aioelastic.rendezvous import _machine as m
+
+    left: dict[int, float] = {}
+    for node in nodes:
+        try:
+            remaining = await run.ttl_remaining(m.alive_key(node))
+        except NotImplementedError:
+            return {}
+        if remaining is not None:
+            left[node] = remaining
+    return left
 
 
 @asynccontextmanager

@@ -4,7 +4,9 @@ and plain-text tables.
 Reads the elastic rendezvous keys of one run (the layout of :mod:`aioelastic.rendezvous._machine`)
 from a snapshot and says: the last sealed round and its participants (rank, node id, host,
 alive or not), the nodes waiting for the next round, nodes reported lost, and whether the run
-is closed. Liveness is the store's verdict (a node's TTL key exists), never a clock comparison.
+is closed. Liveness is the store's verdict (a node's TTL key exists), never a clock comparison;
+so is a heartbeat's age: the TTL the node wrote its liveness key with (recorded in the value)
+minus the time the store says that key has left, both on the store's own clock.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ class NodeStatus:
     rank: int
     addr: str
     alive: bool
+    heartbeat_age: float | None = None
+    """Seconds since the node's last heartbeat, on the store's clock (None: unknown or dead)."""
+    heartbeat_left: float | None = None
+    """Seconds before the node's liveness key expires (None: unknown or dead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,24 +48,36 @@ class RunStatus:
     """Node ids handed out so far (every handler that ever entered)."""
 
 
-def read_status(run_id: str, items: Mapping[str, bytes]) -> RunStatus:
-    """Decode ``items`` (keys relative to the run's ``rdzv/<run_id>/`` namespace)."""
+def read_status(
+    run_id: str, items: Mapping[str, bytes], ttl_left: Mapping[int, float] | None = None
+) -> RunStatus:
+    """Decode ``items`` (keys relative to the run's ``rdzv/<run_id>/`` namespace).
+
+    ``ttl_left`` maps node ids to the seconds their liveness key has left, as the store said.
+    """
     latest = int(items.get(m.LATEST_KEY, b"0"))
     alive = m.parse_alive(items)
+    left = ttl_left or {}
+
+    def node_status(node: int, rank: int, addr: str) -> NodeStatus:
+        if node not in alive:
+            return NodeStatus(node, rank, addr, False)
+        remaining = left.get(node)
+        timeout = m.parse_heartbeat_timeout(items[m.alive_key(node)])
+        age = None if remaining is None or timeout is None else max(0.0, timeout - remaining)
+        return NodeStatus(node, rank, addr, True, age, remaining)
+
     result_data = items.get(m.result_key(latest)) if latest else None
     participants: tuple[NodeStatus, ...] = ()
     if result_data is not None and result_data != m.CLOSED_RESULT:
         result = m.RoundResult.decode(latest, result_data)
         joined = m.parse_records(_under(items, m.join_prefix(latest)))
         participants = tuple(
-            NodeStatus(node, rank, joined[node].addr if node in joined else "?", node in alive)
+            node_status(node, rank, joined[node].addr if node in joined else "?")
             for rank, node in enumerate(result.members)
         )
     upcoming = m.parse_records(_under(items, m.join_prefix(latest + 1)))
-    waiting = tuple(
-        NodeStatus(node, -1, record.addr, node in alive)
-        for node, record in sorted(upcoming.items())
-    )
+    waiting = tuple(node_status(node, -1, record.addr) for node, record in sorted(upcoming.items()))
     lost_prefix = f"{m.round_prefix(latest + 1)}lost/"
     lost = {
         int(key.rsplit("/", 1)[1]): value.decode("utf-8", "replace")
@@ -94,17 +112,28 @@ def format_status(status: RunStatus) -> str:
         f"{_count(status.nodes_seen, 'node id')} handed out",
     ]
     if status.participants or status.waiting:
-        lines.append(f"  {'rank':>4}  {'node':>5}  {'alive':5}  host")
+        lines.append(f"  {'rank':>4}  {'node':>5}  {'alive':5}  {'last heartbeat':>14}  host")
     for node in status.participants:
         lost = f"  (reported lost: {status.lost[node.node]})" if node.node in status.lost else ""
-        alive = "yes" if node.alive else "NO"
-        lines.append(f"  {node.rank:>4}  {node.node:>5}  {alive:5}  {node.addr}{lost}")
+        lines.append(f"  {node.rank:>4}  {_node_columns(node)}{lost}")
     for node in status.waiting:
-        alive = "yes" if node.alive else "NO"
-        lines.append(f"  {'wait':>4}  {node.node:>5}  {alive:5}  {node.addr}")
+        lines.append(f"  {'wait':>4}  {_node_columns(node)}")
     if not status.round and not status.waiting:
         lines.append("  no node has joined this run yet (check --rdzv-id)")
     return "\n".join(lines)
+
+
+def _heartbeat(node: NodeStatus) -> str:
+    if node.heartbeat_age is not None:
+        return f"{node.heartbeat_age:.0f}s ago"
+    if node.heartbeat_left is not None:
+        return f"({node.heartbeat_left:.0f}s left)"
+    return "-"
+
+
+def _node_columns(node: NodeStatus) -> str:
+    alive = "yes" if node.alive else "NO"
+    return f"{node.node:>5}  {alive:5}  {_heartbeat(node):>14}  {node.addr}"
 
 
 def format_timers(node: str, timers: Sequence[Mapping[str, Any]]) -> str:

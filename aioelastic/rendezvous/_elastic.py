@@ -431,7 +431,11 @@ class ElasticRendezvousHandler(RendezvousHandler):
     async def _refresh(self) -> None:
         assert self._store is not None
         await self._guarded(
-            self._store.set(m.alive_key(self._node), b"1", ttl=self.settings.heartbeat_timeout)
+            self._store.set(
+                m.alive_key(self._node),
+                m.encode_alive(self.settings.heartbeat_timeout),
+                ttl=self.settings.heartbeat_timeout,
+            )
         )
 
     async def _keep_alive(self, scope: anyio.CancelScope) -> None:

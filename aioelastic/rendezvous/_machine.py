@@ -92,6 +92,25 @@ def alive_key(node: int) -> str:
     return f"node/{node}/alive"
 
 
+_HEARTBEAT_TIMEOUT_TAG = b"ttl="
+
+
+def encode_alive(heartbeat_timeout: float) -> bytes:
+    """A liveness key's value: the TTL it is written with, so readers can age the heartbeat."""
+    return _HEARTBEAT_TIMEOUT_TAG + repr(float(heartbeat_timeout)).encode()
+
+
+def parse_heartbeat_timeout(value: bytes) -> float | None:
+    """The TTL a liveness key value records (None for a value without one, e.g. ``b"1"``)."""
+    if not value.startswith(_HEARTBEAT_TIMEOUT_TAG):
+        return None
+    try:
+        timeout = float(value[len(_HEARTBEAT_TIMEOUT_TAG) :])
+    except ValueError:
+        return None
+    return timeout if timeout > 0 and math.isfinite(timeout) else None
+
+
 def parse_alive(items: Iterable[str]) -> frozenset[int]:
     """The node ids whose liveness key is among ``items`` (keys relative to the namespace)."""
     return frozenset(int(key.split("/")[1]) for key in items if key.endswith("/alive"))

@@ -15,6 +15,7 @@ from aioelastic._cli_status import fetch_status
 from aioelastic._status import NodeStatus, RunStatus, format_status, read_status
 from aioelastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+from aioelastic.rendezvous._machine import encode_alive
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import TCPStoreServer
 from aioelastic.testing import ManualClock, RendezvousCluster
@@ -66,6 +67,29 @@ async def test_status_shows_a_crashed_participant_as_dead_and_lost() -> None:
     assert "reported lost" in format_status(status)
 
 
+async def test_status_ages_heartbeats_on_the_store_clock() -> None:
+    """A crashed member's heartbeat ages while live members' keep-alives keep theirs fresh."""
+    clock = ManualClock()
+    async with (
+        TCPStoreServer(clock=clock) as server,
+        RendezvousCluster(3, min_nodes=2, store=server.store, clock=clock) as cluster,
+    ):
+        await cluster.rendezvous()
+        interval = cluster.settings.keep_alive_interval
+        await cluster.advance(interval - clock.now() % interval)  # just after a keep-alive
+        fresh = await fetch_status("c10d", f"127.0.0.1:{server.port}", "test", {}, 10)
+        crashed = cluster.nodes[1]
+        await cluster.crash(crashed)
+        await cluster.advance(interval * 1.5)
+        status = await fetch_status("c10d", f"127.0.0.1:{server.port}", "test", {}, 10)
+    assert [p.heartbeat_age for p in fresh.participants] == [0.0, 0.0, 0.0]
+    ages = {p.node: p.heartbeat_age for p in status.participants}
+    crashed_id = crashed.handler.node_id
+    assert ages[crashed_id] == pytest.approx(interval * 1.5)
+    assert all(age == pytest.approx(interval / 2) for n, age in ages.items() if n != crashed_id)
+    assert f"{interval * 1.5:.0f}s ago" in format_status(status)
+
+
 async def test_status_of_an_unreachable_store_names_it() -> None:
     """No server at the endpoint: a RendezvousConnectionError naming the address."""
     port = unused_port()
@@ -101,6 +125,9 @@ async def test_status_over_etcd(anyio_backend: Any, etcd_server: Any, etcd_prefi
         (0, "10.0.0.1", True),
         (1, "10.0.0.1", True),
     ]
+    for participant in status.participants:
+        assert participant.heartbeat_age is not None
+        assert 0 <= participant.heartbeat_age <= settings.heartbeat_timeout
 
 
 def test_an_empty_run_says_nobody_joined() -> None:
@@ -123,15 +150,16 @@ def test_the_table_lists_ranks_then_waiting_nodes() -> None:
         "job",
         2,
         False,
-        (NodeStatus(4, 0, "a", True), NodeStatus(2, 1, "b", False)),
-        (NodeStatus(7, -1, "c", True),),
+        (NodeStatus(4, 0, "a", True, 3.0, 12.0), NodeStatus(2, 1, "b", False)),
+        (NodeStatus(7, -1, "c", True, 1.0, 14.0),),
         {},
         8,
     )
     lines = format_status(status).splitlines()
-    assert lines[2].split() == ["0", "4", "yes", "a"]
-    assert lines[3].split() == ["1", "2", "NO", "b"]
-    assert lines[4].split() == ["wait", "7", "yes", "c"]
+    assert "last heartbeat" in lines[1]
+    assert lines[2].split() == ["0", "4", "yes", "3s", "ago", "a"]
+    assert lines[3].split() == ["1", "2", "NO", "-", "b"]
+    assert lines[4].split() == ["wait", "7", "yes", "1s", "ago", "c"]
 
 
 async def test_the_status_command_prints_json_from_a_live_server() -> None:
@@ -160,3 +188,22 @@ async def test_status_without_a_source_says_what_to_give() -> None:
     result = await anyio.run_process([sys.executable, "-m", "aioelastic", "status"], check=False)
     assert result.returncode == 2
     assert b"give --rdzv-endpoint (and --rdzv-id), --timers, or both" in result.stderr
+
+
+WAITING_NODE_3 = {"state/latest": b"0", "round/1/join/3": b'["h", 1, 0, -1]'}
+
+
+def test_a_liveness_value_without_its_ttl_shows_the_time_left() -> None:
+    """An alive key that does not record its TTL shows the TTL left instead of an age."""
+    items = {**WAITING_NODE_3, "node/3/alive": b"1"}
+    status = read_status("job", items, {3: 12.0})
+    (node,) = status.waiting
+    assert (node.alive, node.heartbeat_age, node.heartbeat_left) == (True, None, 12.0)
+    assert "(12s left)" in format_status(status)
+
+
+def test_heartbeat_age_is_the_recorded_ttl_minus_the_time_left() -> None:
+    """A liveness value written with ttl=15 and 11 s left was refreshed 4 s ago."""
+    items = {**WAITING_NODE_3, "node/3/alive": encode_alive(15)}
+    (node,) = read_status("job", items, {3: 11.0}).waiting
+    assert node.heartbeat_age == pytest.approx(4.0)
