@@ -27,6 +27,7 @@ from aioelastic.rendezvous._info import (
     RoundCompleted,
     RoundInvalidated,
     RoundJoining,
+    StaticRendezvousStatistics,
 )
 from aioelastic.rendezvous._parameters import ElasticSettings, RendezvousParameters
 from aioelastic.rendezvous._registry import (
@@ -60,6 +61,7 @@ __all__ = [
     "RoundCompleted",
     "RoundInvalidated",
     "RoundJoining",
+    "StaticRendezvousStatistics",
     "StoreOpener",
     "get_rendezvous_handler",
     "handler_registry",

@@ -95,3 +95,17 @@ class RendezvousStatistics:
     world_size: int
     invalidated: RoundInvalidated | None
     """Why the last completed round is no longer valid, or None while it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class StaticRendezvousStatistics:
+    """A snapshot of a static handler (one round at most: the world size is fixed)."""
+
+    rank: int
+    """The configured rank of this node."""
+    world_size: int
+    joining: bool
+    rounds_completed: int
+    """1 once every rank arrived, else 0."""
+    invalidated: RoundInvalidated | None
+    """Set once this handler saw the run closed, else None."""

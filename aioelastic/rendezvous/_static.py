@@ -31,6 +31,7 @@ from aioelastic.rendezvous._info import (
     RendezvousInfo,
     RendezvousStoreInfo,
     RoundInvalidated,
+    StaticRendezvousStatistics,
 )
 from aioelastic.rendezvous._parameters import RendezvousParameters, seconds
 from aioelastic.store import PrefixStore, Store, StoreError, StoreTimeoutError
@@ -66,6 +67,18 @@ class StaticRendezvousHandler(RendezvousHandler):
         self._stack: AsyncExitStack | None = None
         self._store: Store | None = None
         self._info: RendezvousInfo | None = None
+        self._joining = False
+        self._invalidated: RoundInvalidated | None = None
+
+    def statistics(self) -> StaticRendezvousStatistics:
+        """Return a snapshot of this handler's state."""
+        return StaticRendezvousStatistics(
+            rank=self.rank,
+            world_size=self.world_size,
+            joining=self._joining,
+            rounds_completed=int(self._info is not None),
+            invalidated=self._invalidated,
+        )
 
     def get_backend(self) -> str:
         return "static"
@@ -113,6 +126,13 @@ class StaticRendezvousHandler(RendezvousHandler):
             return self._info
         if await self.is_closed():
             raise RendezvousClosedError(self.run_id)
+        self._joining = True
+        try:
+            return await self._join(store)
+        finally:
+            self._joining = False
+
+    async def _join(self, store: Store) -> RendezvousInfo:
         try:
             if self.rank == 0:
                 addr = self._addr or await anyio.to_thread.run_sync(local_hostname)
@@ -161,7 +181,11 @@ class StaticRendezvousHandler(RendezvousHandler):
                 "no round completed on this handler yet; call next_rendezvous() first"
             )
         await store.wait(["closed"], timeout=math.inf)
-        return RoundInvalidated(InvalidationReason.CLOSED, f"run {self.run_id!r} was closed")
+        if self._invalidated is None:
+            self._invalidated = RoundInvalidated(
+                InvalidationReason.CLOSED, f"run {self.run_id!r} was closed"
+            )
+        return self._invalidated
 
     async def shutdown(self) -> bool:
         stack, self._stack = self._stack, None
