@@ -34,6 +34,7 @@ OPERATIONS = frozenset(
         "append",
         "get_prefix",
         "wait_for_change",
+        "ttl_remaining",
     }
 )
 """The store operations a :class:`Stall` can name."""
@@ -218,3 +219,6 @@ class FaultyStore(Store):
             "wait_for_change",
             lambda: self.inner.wait_for_change(prefix, after=after, timeout=timeout),
         )
+
+    async def ttl_remaining(self, key: str) -> float | None:
+        return await self._call("ttl_remaining", lambda: self.inner.ttl_remaining(key))

@@ -108,6 +108,18 @@ async def test_a_partition_fails_calls_in_flight_and_later_ones() -> None:
     assert store.statistics().failed == 2
 
 
+async def test_a_faulty_store_passes_ttl_remaining_through_and_partitions_it() -> None:
+    """ttl_remaining reaches the wrapped store, and fails like any call while partitioned."""
+    clock = ManualClock()
+    store = FaultyStore(MemoryStore(clock=clock), name="node7")
+    await store.set("lease", b"1", ttl=10)
+    clock.advance(3)
+    assert await store.ttl_remaining("lease") == pytest.approx(7)
+    store.partition()
+    with pytest.raises(StoreConnectionError, match="node7 is partitioned"):
+        await store.ttl_remaining("lease")
+
+
 async def test_stalling_an_unknown_operation_is_refused() -> None:
     """stall() names the operations it accepts when given one that is not a store call."""
     store = FaultyStore(MemoryStore())

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from aioelastic.store import MemoryStore, StoreClosedError, StoreTimeoutError
+from aioelastic.store import MemoryStore, PrefixStore, Store, StoreClosedError, StoreTimeoutError
 from aioelastic.testing import ManualClock
 from tests.store.conftest import Parked, WatchedClock
 
@@ -159,3 +159,19 @@ def test_statistics_count_keys_and_waiters() -> None:
     stats = store.statistics()
     assert (stats.keys, stats.expiring_keys, stats.revision) == (2, 1, 2)
     assert (stats.key_waiters, stats.change_waiters) == (0, 0)
+
+
+class _StoreWithoutTTLReport(PrefixStore):
+    """A store that keeps the contract's default ttl_remaining (as a third-party store would)."""
+
+    ttl_remaining = Store.ttl_remaining
+
+
+@pytest.mark.anyio
+async def test_default_ttl_remaining_answers_missing_keys_and_refuses_the_rest() -> None:
+    """The Store default says None for a missing key and NotImplementedError otherwise."""
+    store = _StoreWithoutTTLReport("p", MemoryStore())
+    await store.set("lease", b"1", ttl=10)
+    assert await store.ttl_remaining("missing") is None
+    with pytest.raises(NotImplementedError, match="cannot say how long a key's TTL has left"):
+        await store.ttl_remaining("lease")
