@@ -337,13 +337,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 if stored == value:
                     await store.set(m.LATEST_KEY, str(round_))
                 return m.Published(stored)
-            case m.AwaitJoins(round_, deadline):
-                wait = functools.partial(
-                    store.wait_for_change,
-                    m.round_prefix(round_),
-                    after=self._watch_from,
-                    timeout=math.inf,
-                )
+            case m.AwaitJoins(round_, deadline, lapsed):
+                wait = functools.partial(self._await_joins, round_, lapsed)
                 if await self._before(deadline, wait) is None:
                     return m.DeadlineReached()
                 sealed = await store.get_prefix(m.result_key(round_))
@@ -357,6 +352,32 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 sealed = await store.get_prefix(m.result_key(round_))
                 return m.Withdrawn(sealed.items.get(m.result_key(round_)), live)
         raise AssertionError(f"not a store command: {command!r}")  # pragma: no cover
+
+    async def _await_joins(self, round_: int, lapsed: frozenset[int]) -> bool:
+        """Return once the round changed or a lapsed joiner's liveness key is back."""
+        store = self._store
+        assert store is not None
+        failures: list[StoreError] = []
+        async with anyio.create_task_group() as tg:
+
+            async def first(call: Awaitable[object]) -> None:
+                try:
+                    await call
+                except StoreError as error:  # raised below, not as an exception group
+                    failures.append(error)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(
+                first,
+                store.wait_for_change(
+                    m.round_prefix(round_), after=self._watch_from, timeout=math.inf
+                ),
+            )
+            for node in lapsed:
+                tg.start_soon(first, store.wait([m.alive_key(node)], timeout=math.inf))
+        if failures:
+            raise failures[0]
+        return True
 
     async def _await_result(self, round_: int, deadline: float) -> m.Event:
         assert self._store is not None

@@ -349,11 +349,14 @@ class Publish:
 
 @dataclass(frozen=True, slots=True)
 class AwaitJoins:
-    """Wait for any change in the round -> :class:`ResultSeen` if the result exists, else
-    :class:`JoinsChanged`; or :class:`DeadlineReached`."""
+    """Wait for any change in the round, or for the liveness key of a ``lapsed`` joiner to
+    come back -> :class:`ResultSeen` if the result exists, else :class:`JoinsChanged`; or
+    :class:`DeadlineReached`."""
 
     round: int
     deadline: float
+    lapsed: frozenset[int] = frozenset()
+    """Joined nodes whose liveness key was missing (e.g. stopped, then resumed, processes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,7 +561,7 @@ class JoinMachine:
             return self._wait()
         self.last_call_deadline = math.inf
         self.phase = Phase.RECRUITING
-        return AwaitJoins(self.round, self.join_deadline)
+        return AwaitJoins(self.round, self.join_deadline, frozenset(records.keys() - alive))
 
     def _fail(self, phase: Phase, live: int = 0) -> Command:
         self.phase = phase

@@ -62,7 +62,7 @@ def test_too_few_live_candidates_recruit_instead_of_sealing() -> None:
     machine, _ = joined(node=2, arrival=2)
     machine.send(m.DeadlineReached(), 10.0)
     command = machine.send(m.Candidates({1: record(1), 2: record(2)}, frozenset({2})), 10.0)
-    assert command == m.AwaitJoins(1, 100.0)
+    assert command == m.AwaitJoins(1, 100.0, frozenset({1}))
     assert machine.send(m.JoinsChanged(), 11.0) == m.ReadCandidates(1)
     records = {n: record(n) for n in (2, 4)}
     assert machine.send(m.Candidates(records, frozenset({2, 4})), 11.0) == m.AwaitResult(1, 21.0)
