@@ -15,13 +15,13 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
-from types import TracebackType
-from typing import Any, Self, TypeVarTuple
+from typing import Any, TypeVarTuple
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from aioelastic._clock import Clock, MonotonicClock
+from aioelastic._service import Service
 from aioelastic._subscribers import Subscribers
 from aioelastic.timer._codec import Rejection, TimerRequest
 from aioelastic.timer._events import (
@@ -52,7 +52,7 @@ def as_request(timer: Timer) -> TimerRequest:
     return TimerRequest(timer.pid, timer.scope_id, timer.expiration_time, timer.signal)
 
 
-class TimerServerBase(abc.ABC):
+class TimerServerBase(Service):
     """Heap, expiry task, events and statistics; subclasses add a request source and reaping."""
 
     def __init__(
@@ -71,7 +71,6 @@ class TimerServerBase(abc.ABC):
         self._wall_clock = wall_clock
         self._heap = DeadlineHeap()
         self._task_group: TaskGroup | None = None
-        self._owned_group: TaskGroup | None = None
         self._sleep_scope: anyio.CancelScope | None = None
         self._sleeping_until = math.inf
         self._requests = 0
@@ -100,29 +99,6 @@ class TimerServerBase(abc.ABC):
             reaped=self._reaped,
             rejected=dict(self._rejected),
         )
-
-    async def __aenter__(self) -> Self:
-        group = anyio.create_task_group()
-        await group.__aenter__()
-        try:
-            await group.start(self.serve)
-        except BaseException:
-            group.cancel_scope.cancel()
-            await group.__aexit__(None, None, None)
-            raise
-        self._owned_group = group
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        group, self._owned_group = self._owned_group, None
-        assert group is not None, "the server was exited without being entered"
-        group.cancel_scope.cancel()
-        return await group.__aexit__(exc_type, exc, tb)
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``await task_group.start(server.serve)`` returns once ready."""

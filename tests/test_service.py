@@ -1,0 +1,71 @@
+"""The ``async with`` half of every Service: serve in an owned task group, stop on exit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import TaskGroup, TaskStatus
+
+from aioelastic._service import Service
+
+pytestmark = pytest.mark.anyio
+
+
+class Recorder(Service):
+    """Records how its serve() ran; fails to start when told to."""
+
+    def __init__(self, *, fail: bool = False, graceful: bool = False) -> None:
+        self.fail = fail
+        self.graceful = graceful
+        self.stop = anyio.Event()
+        self.log: list[str] = []
+
+    async def serve(self, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
+        if self.fail:
+            raise ValueError("cannot start")
+        self.log.append("started")
+        task_status.started()
+        try:
+            await self.stop.wait()
+            self.log.append("stopped")
+        except anyio.get_cancelled_exc_class():
+            self.log.append("cancelled")
+            raise
+
+    def _stop_serving(self, group: TaskGroup) -> None:
+        if self.graceful:
+            self.stop.set()
+        else:
+            super()._stop_serving(group)
+
+
+async def test_enter_waits_until_ready_and_exit_cancels() -> None:
+    """``async with`` returns once serve() is ready; leaving the block cancels serve()."""
+    service = Recorder()
+    async with service as entered:
+        assert entered is service
+        assert service.log == ["started"]
+    assert service.log == ["started", "cancelled"]
+
+
+async def test_stop_hook_lets_serve_return_on_its_own() -> None:
+    """A subclass's _stop_serving replaces cancellation with its own stop."""
+    service = Recorder(graceful=True)
+    async with service:
+        pass
+    assert service.log == ["started", "stopped"]
+
+
+async def test_failure_to_start_propagates_unwrapped() -> None:
+    """An error raised before serve() is ready comes out of ``async with`` as itself."""
+    with pytest.raises(ValueError, match="cannot start"):
+        async with Recorder(fail=True):
+            pass
+
+
+async def test_exit_without_enter_is_an_error() -> None:
+    """Exiting a service that was never entered says so."""
+    with pytest.raises(RuntimeError, match="Recorder was exited without being entered"):
+        await Recorder().__aexit__(None, None, None)
