@@ -27,6 +27,17 @@ def wall_clock(clock: ManualClock) -> float:
     return clock.now() + WALL
 
 
+@pytest.fixture
+def served(tmp_path: Path, recorder: Recorder) -> tuple[str, FileTimerServer]:
+    """A FIFO path and a server on it, on a manual clock, reporting to ``recorder``."""
+    clock = ManualClock(1000.0)
+    fifo = str(tmp_path / "timer.fifo")
+    server = FileTimerServer(
+        fifo, "t", on_event=recorder, clock=clock, wall_clock=lambda: wall_clock(clock)
+    )
+    return fifo, server
+
+
 @pytest.mark.parametrize("opener", [b"[", b'{"a":'])
 def test_deeply_nested_json_is_rejected_not_raised(opener: bytes) -> None:
     """A line nesting JSON deeper than the interpreter recurses is an invalid-JSON rejection."""
@@ -50,15 +61,11 @@ def test_signal_beyond_the_signal_range_is_rejected(signum: int) -> None:
 
 @pytest.mark.parametrize("pid", [2**31, 2**40, 2**70])
 async def test_huge_pid_is_no_such_process_and_the_server_keeps_serving(
-    tmp_path: Path, recorder: Recorder, spawn: Spawn, pid: int
+    served: tuple[str, FileTimerServer], recorder: Recorder, spawn: Spawn, pid: int
 ) -> None:
     """An acquire for a pid no kernel can have is dropped; a later valid acquire still works."""
-    clock = ManualClock(1000.0)
-    fifo = str(tmp_path / "timer.fifo")
+    fifo, server = served
     worker = spawn()
-    server = FileTimerServer(
-        fifo, "t", on_event=recorder, clock=clock, wall_clock=lambda: wall_clock(clock)
-    )
     async with server:
         arm(fifo, pid, "huge", WALL + 2000)
         arm(fifo, worker.pid, "ok", WALL + 2000, signal=0)
@@ -68,15 +75,11 @@ async def test_huge_pid_is_no_such_process_and_the_server_keeps_serving(
 
 
 async def test_deep_json_over_the_fifo_keeps_the_server_serving(
-    tmp_path: Path, recorder: Recorder, spawn: Spawn
+    served: tuple[str, FileTimerServer], recorder: Recorder, spawn: Spawn
 ) -> None:
     """A deeply nested line written to the FIFO is rejected and the next line is served."""
-    clock = ManualClock(1000.0)
-    fifo = str(tmp_path / "timer.fifo")
+    fifo, server = served
     worker = spawn()
-    server = FileTimerServer(
-        fifo, "t", on_event=recorder, clock=clock, wall_clock=lambda: wall_clock(clock)
-    )
     async with server:
         write_raw(fifo, b"[" * 3000 + b"\n")
         arm(fifo, worker.pid, "ok", WALL + 2000, signal=0)
@@ -85,15 +88,11 @@ async def test_deep_json_over_the_fifo_keeps_the_server_serving(
 
 
 async def test_signal_out_of_range_never_reaches_the_reaper(
-    tmp_path: Path, recorder: Recorder, spawn: Spawn
+    served: tuple[str, FileTimerServer], recorder: Recorder, spawn: Spawn
 ) -> None:
     """An expired timer whose signal is out of range was never armed; the process lives on."""
-    clock = ManualClock(1000.0)
-    fifo = str(tmp_path / "timer.fifo")
+    fifo, server = served
     worker = spawn()
-    server = FileTimerServer(
-        fifo, "t", on_event=recorder, clock=clock, wall_clock=lambda: wall_clock(clock)
-    )
     async with server:
         arm(fifo, worker.pid, "bad", WALL - 1, signal=2**40)
         arm(fifo, worker.pid, "ok", WALL - 1, signal=0)
