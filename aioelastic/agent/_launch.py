@@ -252,7 +252,9 @@ async def launch(config: LaunchConfig) -> int:
         handler_context = get_rendezvous_handler(params)
     except ValueError as exc:  # a bad backend name or option: the user's to fix
         one_line_error(f"--rdzv-backend/--rdzv-conf: {exc}")
-    observed = observe({}, events_file=config.events_file, metrics_port=config.metrics_port)
+    observed = observe(  # failures go to the console once, by the agent's own reporter
+        {}, events_file=config.events_file, metrics_port=config.metrics_port, log_warnings=False
+    )
     router = SignalRouter()
     result = None
     try:

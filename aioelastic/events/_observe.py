@@ -15,7 +15,7 @@ import anyio
 
 from aioelastic.agent._group import unwrap_single_error
 from aioelastic.events._jsonl import JsonLinesWriter
-from aioelastic.events._logging import LoggingSubscriber
+from aioelastic.events._logging import WARNING_KINDS, LoggingSubscriber
 from aioelastic.events._stream import Emitter, EventStream
 
 logger = logging.getLogger(__name__)
@@ -32,16 +32,20 @@ async def observe(
     metrics_port: int | None = None,
     metrics_host: str = "0.0.0.0",
     node: str | None = None,
+    log_warnings: bool = True,
 ) -> AsyncIterator[EventStream]:
     """Gather ``components`` (source name -> component) into one stream while the block runs.
 
-    Every record is logged at DEBUG on ``aioelastic.events`` (WARNING for failures); with
+    Every record is logged at DEBUG on ``aioelastic.events`` (failures at WARNING, unless
+    ``log_warnings`` is false because the caller reports them itself, as ``aioelastic run``'s
+    console does); with
     ``events_file`` it is appended there as a JSON line (except the per-step
     :data:`PER_STEP_KINDS`); with ``metrics_port`` Prometheus metrics are served on that port
     (0 picks a free one; see the log for which).
     """
     stream = EventStream(node=node)
-    stream.subscribe(LoggingSubscriber(level=logging.DEBUG))
+    warning_kinds = WARNING_KINDS if log_warnings else frozenset()
+    stream.subscribe(LoggingSubscriber(level=logging.DEBUG, warning_kinds=warning_kinds))
     with unwrap_single_error():  # the block's own error leaves as itself, not as a group
         async with AsyncExitStack() as stack:
             if events_file is not None:

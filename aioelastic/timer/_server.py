@@ -234,7 +234,7 @@ class TimerServerBase(Service):
                 timer.signal,
                 late=now - timer.deadline,
             )
-            logger.warning(
+            logger.info(  # the reap that follows is the warning
                 "timer %r of pid %d expired (%.3f s late)", timer.scope_id, timer.pid, expired.late
             )
             self._emit(expired)

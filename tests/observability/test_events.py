@@ -25,6 +25,7 @@ from aioelastic.events import (
     LoggingSubscriber,
     decode_line,
     encode_record,
+    observe,
     read_event_log,
     to_data,
 )
@@ -186,6 +187,29 @@ def test_an_unwritable_log_path_is_a_clear_error(tmp_path: Path) -> None:
     """Opening an event log in a missing directory names the path and the reason."""
     with pytest.raises(EventLogError, match="cannot open the event log for appending"):
         JsonLinesWriter(tmp_path / "missing" / "events.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("log_warnings", "level"), [(True, logging.WARNING), (False, logging.DEBUG)]
+)
+async def test_observe_logs_failures_at_warning_unless_the_caller_reports_them(
+    caplog: pytest.LogCaptureFixture, log_warnings: bool, level: int
+) -> None:
+    """observe() logs a failure at WARNING; with log_warnings=False (the CLI) only at DEBUG."""
+
+    class Component:
+        def subscribe(self, callback: object) -> object:
+            self.callback = callback
+            return lambda: None
+
+    component = Component()
+    failure = WorkerFailure(0, 5, 9, returncode=1, timestamp=1.0, error_file="")
+    with caplog.at_level(logging.DEBUG, logger="aioelastic.events"):
+        async with observe({"agent": component}, log_warnings=log_warnings):
+            component.callback(WorkerFailed(failure))  # type: ignore[operator]
+    [record] = caplog.records
+    assert record.levelno == level
+    assert record.getMessage().startswith("agent WorkerFailed")
 
 
 def test_the_logging_subscriber_logs_fields_as_structured_data(
