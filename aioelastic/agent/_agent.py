@@ -53,6 +53,7 @@ from aioelastic.agent._events import (
     ShutdownRequested,
 )
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup, first_of, unwrap_single_error
+from aioelastic.agent._guardian import Guardian
 from aioelastic.agent._logs import console_writer
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
@@ -116,6 +117,7 @@ class ElasticAgent:
         self._final: RunResult | None = None
         self._owned_group: TaskGroup | None = None
         self._group: WorkerGroup | None = None
+        self._guardian: Guardian | None = None
         self._timer_file: str | None = None
         self._private_dir = ""
         self._log_dir: Path | None = None
@@ -206,7 +208,10 @@ class ElasticAgent:
             unwrap_single_error(),
         ):
             self._private_dir = private
-            async with anyio.create_task_group() as tg:
+            async with (
+                Guardian(grace=self.spec.shutdown_timeout) as self._guardian,
+                anyio.create_task_group() as tg,
+            ):
                 if self._shutdown_signals:
                     await tg.start(self._watch_signals)
                 await self._start_watchdog(tg)
@@ -389,6 +394,7 @@ class ElasticAgent:
             timer_file=self._timer_file,
             consoles=self._consoles,
             emit=self._emit,
+            guardian=self._guardian,
         )
         assert self._kill_now is not None
         self._group = group

@@ -34,6 +34,7 @@ from aioelastic.agent._events import (
     WorkersStopped,
     WorkerSucceeded,
 )
+from aioelastic.agent._guardian import Guardian
 from aioelastic.agent._logs import line_prefix, open_stream, plan_streams
 from aioelastic.agent._process import WorkerProcess
 from aioelastic.agent._report import WorkerFailure, read_error_file, signal_name
@@ -116,6 +117,7 @@ class WorkerGroup:
         timer_file: str | None,
         consoles: Consoles,
         emit: Callable[[AgentEvent], None],
+        guardian: Guardian | None = None,
     ) -> None:
         self.spec = spec
         self.info = info
@@ -125,6 +127,7 @@ class WorkerGroup:
         self._timer_file = timer_file
         self._consoles = consoles
         self._emit = emit
+        self._guardian = guardian
         self.workers: list[_Worker] = []
         self.reaps: dict[int, WorkerReaped] = {}
         self.stop_started = math.inf
@@ -247,7 +250,7 @@ class WorkerGroup:
         err = open_stream(err_plan, prefix=prefix, console=self._consoles.stderr)
         try:
             process = WorkerProcess.spawn(
-                spec.argv, env, stdout=out.child_end, stderr=err.child_end
+                spec.argv, env, stdout=out.child_end, stderr=err.child_end, guardian=self._guardian
             )
         finally:
             out.after_spawn()

@@ -14,6 +14,10 @@ process. Doing it with a ``preexec_fn`` instead would force ``fork()`` (slower t
 with gRPC threads running (the etcd backend). Without ``setpriv`` workers start unprotected (a
 warning says so). An agent killed in the instant between starting ``setpriv`` and its
 ``prctl`` call can still leave that one worker behind.
+
+The parent-death signal covers one generation: what a worker started survives it. The agent's
+:class:`~aioelastic.agent._guardian.Guardian` covers them: a worker's group is registered with
+it once started and unregistered right after the final ``killpg`` (zombie still unreaped).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import IO
 import anyio
 
 from aioelastic.agent._errors import WorkerSpawnError
+from aioelastic.agent._guardian import Guardian
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +65,13 @@ def die_with_agent_prefix() -> tuple[str, ...]:
 class WorkerProcess:
     """A started worker: its pid, its pidfd, its exit status once known."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], guardian: Guardian | None = None) -> None:
         self._popen = popen
         self._pidfd: int | None = os.pidfd_open(popen.pid)
         self._exited = anyio.Event()
+        self._guardian = guardian
+        if guardian is not None:
+            guardian.register(popen.pid)
 
     @classmethod
     def spawn(
@@ -74,8 +82,12 @@ class WorkerProcess:
         stdout: Redirect = None,
         stderr: Redirect = None,
         cwd: str | None = None,
+        guardian: Guardian | None = None,
     ) -> WorkerProcess:
-        """Start ``argv`` in a new session with ``env``; raise :class:`WorkerSpawnError`."""
+        """Start ``argv`` in a new session with ``env``; raise :class:`WorkerSpawnError`.
+
+        ``guardian`` (the agent's) is told about the worker's group while it may run.
+        """
         program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
         if program is None:  # checked here: behind setpriv, exec errors would be exit codes
             raise WorkerSpawnError(
@@ -93,7 +105,7 @@ class WorkerProcess:
             )
         except OSError as exc:
             raise WorkerSpawnError(list(argv), exc) from exc
-        return cls(popen)
+        return cls(popen, guardian)
 
     @property
     def pid(self) -> int:
@@ -129,6 +141,8 @@ class WorkerProcess:
         assert pidfd is not None
         with suppress(ProcessLookupError):  # leader is a zombie at most: pgid still pinned
             os.killpg(self._popen.pid, signal.SIGKILL)
+        if self._guardian is not None:  # the whole group is dying: never signal that id again
+            self._guardian.unregister(self._popen.pid)
         await anyio.wait_readable(pidfd)
         os.close(pidfd)
         self._popen.wait()
