@@ -77,6 +77,32 @@ async def wait_gone(pid: int) -> None:
         os.close(fd)
 
 
+async def read_line(fd: int) -> str:
+    """Read one line a child writes to the pipe ``fd`` (non-blocking, no threads)."""
+    os.set_blocking(fd, False)
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            await anyio.wait_readable(fd)
+            continue
+        if not chunk:
+            raise EOFError(f"pipe closed after {data!r}")
+        data += chunk
+    return data.decode().strip()
+
+
+def guardian_of(pid: int) -> int:
+    """The pid of the guardian started by agent process ``pid`` (a child running its program)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+            with contextlib.suppress(FileNotFoundError):  # a worker that just exited
+                if b"_guardian_main.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+    raise AssertionError(f"process {pid} has no guardian child")
+
+
 def python_worker(*args: str) -> tuple[str, tuple[str, ...]]:
     """The (entrypoint, args) pair running the scenario worker with ``args``."""
     return sys.executable, ("-u", WORKER, *args)

@@ -14,25 +14,9 @@ import pytest
 
 from aioelastic.agent import WorkerSpawnError
 from aioelastic.agent._process import WorkerProcess, die_with_agent_prefix
-from tests.agent.conftest import BOUND, wait_gone
+from tests.agent.conftest import BOUND, read_line, wait_gone
 
 pytestmark = pytest.mark.anyio
-
-
-async def read_line(fd: int) -> str:
-    """Read one line a child writes to the pipe ``fd`` (non-blocking, no threads)."""
-    os.set_blocking(fd, False)
-    data = b""
-    while not data.endswith(b"\n"):
-        try:
-            chunk = os.read(fd, 4096)
-        except BlockingIOError:
-            await anyio.wait_readable(fd)
-            continue
-        if not chunk:
-            raise EOFError(f"pipe closed after {data!r}")
-        data += chunk
-    return data.decode().strip()
 
 
 def spawn_python(code: str, stdout: int | None = None) -> WorkerProcess:
