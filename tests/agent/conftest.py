@@ -93,6 +93,15 @@ async def read_line(fd: int) -> str:
     return data.decode().strip()
 
 
+def reaped(pid: int) -> bool:
+    """Whether child ``pid`` has been waited for already (no zombie of it is left)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
 def guardian_of(pid: int) -> int:
     """The pid of the guardian started by agent process ``pid`` (a child running its program)."""
     for task in os.listdir(f"/proc/{pid}/task"):

@@ -30,7 +30,15 @@ from aioelastic.agent import (
 )
 from aioelastic.rendezvous import RendezvousHandler, RendezvousParameters, get_rendezvous_handler
 from aioelastic.store import MemoryStore
-from tests.agent.conftest import BOUND, Console, pids_in, python_worker, wait_gone
+from tests.agent.conftest import (
+    BOUND,
+    Console,
+    guardian_of,
+    pids_in,
+    python_worker,
+    reaped,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -370,3 +378,24 @@ async def test_many_restarts_leak_no_file_descriptors(handler: Any) -> None:
     after = set(os.listdir("/proc/self/fd"))
     assert (result.state, result.restart_count) == (RunState.SUCCEEDED, 10)
     assert after - before == set()
+
+
+async def test_a_finished_run_has_reaped_its_guardian(handler: Any) -> None:
+    """The agent's guardian lives while it runs: exited and reaped once run() returns."""
+    guardians: list[int] = []
+
+    def find_guardian(event: AgentEvent) -> None:
+        if isinstance(event, WorkersStarted):
+            guardians.append(guardian_of(os.getpid()))
+
+    agent = ElasticAgent(
+        spec_for(handler, max_restarts=0),
+        on_event=find_guardian,
+        stdout=Console(),
+        stderr=Console(),
+    )
+    with anyio.fail_after(BOUND):
+        result = await agent.run()
+    assert result.state is RunState.SUCCEEDED
+    assert len(guardians) == 1
+    assert reaped(guardians[0])

@@ -27,7 +27,16 @@ from aioelastic.agent._guardian_main import (
     register_line,
     unregister_line,
 )
-from tests.agent.conftest import BOUND, WORKER, guardian_of, launched, pids_in, read_line, wait_gone
+from tests.agent.conftest import (
+    BOUND,
+    WORKER,
+    guardian_of,
+    launched,
+    pids_in,
+    read_line,
+    reaped,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -143,15 +152,6 @@ class Group:
 def start_leader(flag: str, stdout: int) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-c", LEADER, *([flag] if flag else [])]
     return subprocess.Popen(argv, stdout=stdout, start_new_session=True)
-
-
-def reaped(pid: int) -> bool:
-    """Whether child ``pid`` has been waited for already (no zombie of it is left)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return False
 
 
 @contextlib.asynccontextmanager
