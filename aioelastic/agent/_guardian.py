@@ -35,10 +35,10 @@ import subprocess
 import sys
 from contextlib import suppress
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import anyio
+from anyio.abc import AsyncResource
 
 from aioelastic.agent._guardian_main import BYE, register_line, unregister_line
 
@@ -51,7 +51,7 @@ EXIT_TIMEOUT = 5.0
 _UNPROTECTED = "processes started by workers will outlive an agent killed with SIGKILL"
 
 
-class Guardian:
+class Guardian(AsyncResource):
     """The agent side of the guardian: register groups, say goodbye, reap it.
 
     ``async with Guardian(grace=...) as guardian:`` starts it (or warns and runs without);
@@ -164,11 +164,3 @@ class Guardian:
     async def __aenter__(self) -> Self:
         self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
