@@ -13,6 +13,8 @@ import anyio
 import pytest
 
 from aioelastic.agent import WorkerSpawnError
+from aioelastic.agent._guardian import Guardian
+from aioelastic.agent._guardian_main import register_line, unregister_line
 from aioelastic.agent._process import WorkerProcess, die_with_agent_prefix
 from tests.agent.conftest import BOUND, read_line, wait_gone
 
@@ -140,3 +142,33 @@ async def test_without_setpriv_workers_run_unprotected_with_a_warning(
     finally:
         die_with_agent_prefix.cache_clear()
     assert "workers will outlive an agent killed with SIGKILL" in caplog.text
+
+
+def pinned(pid: int) -> bool:
+    """Whether child ``pid`` still holds its id: running, or exited and not yet reaped."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+class RecordingGuardian(Guardian):
+    """A real guardian that also notes each message and whether its group id was pinned."""
+
+    def __init__(self) -> None:
+        super().__init__(grace=1.0)
+        self.told: list[tuple[bytes, bool]] = []
+
+    def _send(self, line: bytes) -> None:
+        self.told.append((line, pinned(int(line[1:]))))
+        super()._send(line)
+
+
+async def test_worker_group_is_registered_then_unregistered_while_its_id_is_pinned() -> None:
+    """The guardian hears of a worker's group at start, and forgets it before the reap."""
+    async with RecordingGuardian() as guardian:
+        worker = WorkerProcess.spawn([sys.executable, "-c", "pass"], os.environ, guardian=guardian)
+        with anyio.fail_after(BOUND):
+            assert await worker.watch() == 0
+    assert guardian.told == [(register_line(worker.pid), True), (unregister_line(worker.pid), True)]
