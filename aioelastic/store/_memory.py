@@ -112,10 +112,11 @@ class MemoryStore(Store):
         """Record a change of ``keys`` at the next revision and wake who waits on them."""
         self._revision += 1
         revision = self._revision
+        changed, key_waiters = self._changed, self._key_waiters
         for key in keys:
-            self._changed[key] = revision
-            if key in self._data:
-                for event in self._key_waiters.pop(key, ()):
+            changed[key] = revision
+            if key_waiters and key in self._data:
+                for event in key_waiters.pop(key, ()):
                     event.set()
         if self._change_waiters:
             kept = []
@@ -125,9 +126,6 @@ class MemoryStore(Store):
                 else:
                     kept.append((prefix, event))
             self._change_waiters = kept
-
-    def _store(self, key: str, value: bytes) -> None:
-        self._data[key] = value
 
     def _set_expiry(self, key: str, ttl: float | None) -> None:
         if ttl is None:
@@ -160,9 +158,12 @@ class MemoryStore(Store):
                 self._changed_keys((key,))
         self._compact()
 
-    def _check_open(self) -> None:
+    def _ready(self) -> None:
+        """Refuse calls on a closed store; remove the keys whose TTL ran out."""
         if self._closed:
             raise StoreClosedError("the memory store was closed; create a new one")
+        if self._deadlines:
+            self.expire_due()
 
     # -- the synchronous state machine ----------------------------------------------------
 
@@ -171,16 +172,14 @@ class MemoryStore(Store):
         check_key(key)
         check_ttl(ttl)
         data = to_bytes(value)
-        self._check_open()
-        self.expire_due()
-        self._store(key, data)
+        self._ready()
+        self._data[key] = data
         self._set_expiry(key, ttl)
         self._changed_keys((key,))
 
     def get_nowait(self, keys: Sequence[str]) -> list[bytes] | None:
         """Return the values of ``keys``, or None if any is missing."""
-        self._check_open()
-        self.expire_due()
+        self._ready()
         data = self._data
         try:
             return [data[key] for key in keys]
@@ -192,11 +191,10 @@ class MemoryStore(Store):
         check_key(key)
         if not isinstance(amount, int):
             raise TypeError(f"add amount must be an int, not {type(amount).__name__}")
-        self._check_open()
-        self.expire_due()
+        self._ready()
         old = self._data.get(key)
         total = amount + (parse_int(key, old) if old is not None else 0)
-        self._store(key, str(total).encode())
+        self._data[key] = b"%d" % total
         self._changed_keys((key,))
         return total
 
@@ -204,27 +202,24 @@ class MemoryStore(Store):
         """Synchronous :meth:`compare_set`."""
         check_key(key)
         expected_bytes, desired_bytes = to_bytes(expected), to_bytes(desired)
-        self._check_open()
-        self.expire_due()
+        self._ready()
         current = self._data.get(key)
         if current is None and expected_bytes:
             return expected_bytes
         if current is not None and current != expected_bytes:
             return current
-        self._store(key, desired_bytes)
+        self._data[key] = desired_bytes
         self._changed_keys((key,))
         return desired_bytes
 
     def check_nowait(self, keys: Sequence[str]) -> bool:
         """Synchronous :meth:`check`."""
-        self._check_open()
-        self.expire_due()
+        self._ready()
         return all(key in self._data for key in keys)
 
     def delete_nowait(self, key: str) -> bool:
         """Synchronous :meth:`delete_key`."""
-        self._check_open()
-        self.expire_due()
+        self._ready()
         if key not in self._data:
             return False
         self._remove(key)
@@ -234,8 +229,7 @@ class MemoryStore(Store):
 
     def num_keys_nowait(self) -> int:
         """Synchronous :meth:`num_keys`."""
-        self._check_open()
-        self.expire_due()
+        self._ready()
         return len(self._data)
 
     def multi_set_nowait(self, keys: Sequence[str], values: Sequence[Value]) -> None:
@@ -243,12 +237,11 @@ class MemoryStore(Store):
         if len(keys) != len(values):
             raise ValueError(f"multi_set got {len(keys)} keys but {len(values)} values")
         pairs = [(check_key(key), to_bytes(value)) for key, value in zip(keys, values, strict=True)]
-        self._check_open()
-        self.expire_due()
+        self._ready()
         if not pairs:
             return
         for key, value in pairs:
-            self._store(key, value)
+            self._data[key] = value
             self._expiry.pop(key, None)
         self._changed_keys([key for key, _ in pairs])
 
@@ -256,23 +249,20 @@ class MemoryStore(Store):
         """Synchronous :meth:`append`."""
         check_key(key)
         data = to_bytes(value)
-        self._check_open()
-        self.expire_due()
-        self._store(key, self._data.get(key, b"") + data)
+        self._ready()
+        self._data[key] = self._data.get(key, b"") + data
         self._changed_keys((key,))
 
     def get_prefix_nowait(self, prefix: str) -> Snapshot:
         """Synchronous :meth:`get_prefix`."""
-        self._check_open()
-        self.expire_due()
+        self._ready()
         items = {key: value for key, value in self._data.items() if key.startswith(prefix)}
         return Snapshot(self._revision, items)
 
     def ttl_remaining_nowait(self, key: str) -> float | None:
         """Synchronous :meth:`ttl_remaining`."""
         check_key(key)
-        self._check_open()
-        self.expire_due()
+        self._ready()
         deadline = self._expiry.get(key)
         return None if deadline is None else max(0.0, deadline - self.clock.now())
 
@@ -281,8 +271,7 @@ class MemoryStore(Store):
 
         Also true when that history was compacted away: the caller re-reads.
         """
-        self._check_open()
-        self.expire_due()
+        self._ready()
         if after >= self._revision:
             return False
         if after < self._compacted:

@@ -23,6 +23,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Self, cast
 
 import anyio
@@ -180,6 +181,56 @@ class _StreamConnection(_Connection):
         await anyio.aclose_forcefully(self.stream)
 
 
+class _Signal(abc.ABC):
+    """Wakes the caller of one call once its outcome is known (or its deadline passes)."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def set(self) -> None:
+        """Wake the caller (idempotent)."""
+
+    @abc.abstractmethod
+    async def wait(self, deadline: float) -> None:
+        """Return once set, or at ``deadline`` on the event loop's clock."""
+
+
+class _FutureSignal(_Signal):
+    """On asyncio: a bare future and a timer handle, no cancel scope and no Event per call."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def set(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
+
+    async def wait(self, deadline: float) -> None:
+        timer = self.future.get_loop().call_at(deadline, self.set)
+        try:
+            await self.future
+        finally:
+            timer.cancel()
+
+
+class _EventSignal(_Signal):
+    """On other backends (trio): an anyio Event under a deadline."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+    def set(self) -> None:
+        self.event.set()
+
+    async def wait(self, deadline: float) -> None:
+        with anyio.CancelScope(deadline=deadline):
+            await self.event.wait()
+
+
 @dataclass(slots=True, eq=False)
 class _Call:
     """One request in flight: its frame, where it was sent, and its outcome."""
@@ -187,14 +238,15 @@ class _Call:
     op: Op
     frame: bytes
     subject: str
-    event: anyio.Event
+    signal: _Signal
     sent_on: _Connection | None = None
     reply: Reply | None = None
     error: StoreError | None = None
+    done: bool = False
 
     def finish(self, reply: Reply | None = None, error: StoreError | None = None) -> None:
-        self.reply, self.error = reply, error
-        self.event.set()
+        self.reply, self.error, self.done = reply, error, True
+        self.signal.set()
 
 
 class TCPStore(Store):
@@ -229,6 +281,8 @@ class TCPStore(Store):
         self._task_group: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._frame_limit = max_frame_size  # lowered to the server's at the handshake
+        self._new_signal: Callable[[], _Signal] = _EventSignal
+        self._now: Callable[[], float] = anyio.current_time
 
     @property
     def endpoint(self) -> str:
@@ -239,6 +293,12 @@ class TCPStore(Store):
     async def __aenter__(self) -> Self:
         if self._task_group is not None or self._closed:
             raise RuntimeError("a TCPStore can be entered only once")
+        if on_asyncio():
+            loop = asyncio.get_running_loop()
+            self._new_signal = partial(_FutureSignal, loop)
+            self._now = loop.time
+        else:
+            self._new_signal, self._now = _EventSignal, anyio.current_time
         connection = await self._connect(self.connect_timeout)
         self._connection = connection
         self._connected = anyio.Event()
@@ -340,7 +400,7 @@ class TCPStore(Store):
             connection = await self._reconnect(connection.epoch)
             self._connection = connection
             for call in list(self._calls.values()):
-                if call.sent_on is not None and not call.event.is_set():
+                if call.sent_on is not None and not call.done:
                     call.sent_on = connection
                     await connection.send(call.frame)
             self._connected.set()
@@ -365,14 +425,14 @@ class TCPStore(Store):
                     "re-read what you need and write it again",
                 )
                 for call in list(self._calls.values()):
-                    if call.sent_on is not None and not call.event.is_set():
+                    if call.sent_on is not None and not call.done:
                         call.finish(error=lost)
             log.info("store %s: reconnected", self.endpoint)
             return connection
 
     def _fail_all(self, error: StoreError) -> None:
         for call in list(self._calls.values()):
-            if not call.event.is_set():
+            if not call.done:
                 call.finish(error=error)
 
     def _dispatch(self, connection: _Connection, bodies: list[bytes]) -> None:
@@ -401,30 +461,33 @@ class TCPStore(Store):
                 f"exceeds the maximum frame size of {self._frame_limit} (the smaller of the "
                 "client's and the server's); split the value or raise max_frame_size on both ends"
             )
-        call = _Call(op, frame, subject, anyio.Event())
+        call = _Call(op, frame, subject, self._new_signal())
         self._calls[request_id] = call
         bound = self.timeout if wait is None else wait + _REPLY_GRACE
+        deadline = self._now() + bound
         try:
-            with anyio.move_on_after(bound):
-                while call.sent_on is None and not call.event.is_set():
-                    connection = self._connection
-                    if connection is None:
-                        await self._wait_connected()
-                        continue
-                    # Marked before sending: the reply may be routed before send() returns.
-                    call.sent_on = connection
-                    try:
-                        await connection.send(call.frame)
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        if call.sent_on is not connection or call.event.is_set():
-                            continue  # the supervisor already re-sent or failed it
-                        if op in _UNSAFE_TO_RESEND:
-                            raise StoreOutcomeUnknownError(
-                                self.endpoint, op.name.lower(), subject
-                            ) from None
-                        call.sent_on = None
-                        await self._wait_connected()
-                await call.event.wait()
+            while call.sent_on is None and not call.done:
+                connection = self._connection
+                if connection is None:
+                    if not await self._wait_connected(deadline):
+                        break
+                    continue
+                # Marked before sending: the reply may be routed before send() returns.
+                call.sent_on = connection
+                try:
+                    await connection.send(frame)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    if call.sent_on is not connection or call.done:
+                        continue  # the supervisor already re-sent or failed it
+                    if op in _UNSAFE_TO_RESEND:
+                        raise StoreOutcomeUnknownError(
+                            self.endpoint, op.name.lower(), subject
+                        ) from None
+                    call.sent_on = None
+                    if not await self._wait_connected(deadline):
+                        break
+            if not call.done:
+                await call.signal.wait(deadline)
         except anyio.get_cancelled_exc_class():
             await self._withdraw(call, request_id)
             raise
@@ -440,12 +503,14 @@ class TCPStore(Store):
             )
         return self._check_reply(call.reply)
 
-    async def _wait_connected(self) -> None:
+    async def _wait_connected(self, deadline: float) -> bool:
+        """Wait for a connection; return False if the call's ``deadline`` came first."""
         connected = self._connected
         assert connected is not None
         with anyio.move_on_after(self.connect_timeout):
-            await connected.wait()
-            return
+            with anyio.CancelScope(deadline=deadline):
+                await connected.wait()
+            return connected.is_set()
         raise StoreConnectionError(
             self.endpoint, f"not connected; could not reconnect within {self.connect_timeout:g} s"
         )
@@ -453,7 +518,7 @@ class TCPStore(Store):
     async def _withdraw(self, call: _Call, request_id: int) -> None:
         """Tell the server to drop a waiting request whose caller was cancelled."""
         connection = call.sent_on
-        if connection is None or not connection.alive or call.event.is_set():
+        if connection is None or not connection.alive or call.done:
             return
         if call.op in (Op.GET, Op.WAIT, Op.MULTI_GET, Op.WAIT_FOR_CHANGE):
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):

@@ -26,9 +26,9 @@ from __future__ import annotations
 import enum
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aioelastic.store._errors import StoreProtocolError
 
@@ -48,6 +48,7 @@ _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 _F64 = struct.Struct(">d")
 _HEADER = struct.Struct(">IBI")  # body length, kind, request id
+_BODY_HEADER = struct.Struct(">BI")  # kind, request id
 _VERSION = struct.Struct(">H")
 _BODY_HEADER_SIZE = 5
 _DECIMAL = re.compile(rb"-?[0-9]+")
@@ -152,51 +153,85 @@ class Reply:
 
 
 # -- encoding ----------------------------------------------------------------------------------
+#
+# Each field code has one writer (appends the field's bytes to a list) and one reader (returns
+# the field and the offset after it). The layouts are turned into tuples of these functions
+# once, at import, so coding a frame is a loop over plain calls.
+
+Writer = Callable[[Any, list[bytes]], None]
+Reader = Callable[[bytes, int], tuple[Any, int]]
 
 
-def _encode_field(code: str, value: Field, out: list[bytes]) -> None:
-    if code == "s":
-        assert isinstance(value, str)
-        data = value.encode()
-        out += (_U32.pack(len(data)), data)
-    elif code == "b":
-        assert isinstance(value, bytes)
-        out += (_U32.pack(len(value)), value)
-    elif code == "n":
-        assert isinstance(value, int)
-        digits = str(value).encode()
-        out += (_U32.pack(len(digits)), digits)
-    elif code == "i":
-        assert isinstance(value, int)
-        out.append(_I64.pack(value))
-    elif code == "f":
-        assert isinstance(value, float | int)
-        out.append(_F64.pack(value))
-    elif code == "F":
-        if value is None:
-            out.append(b"\x00")
-        else:
-            assert isinstance(value, float | int)
-            out.append(b"\x01" + _F64.pack(value))
-    elif code == "?":
-        out.append(b"\x01" if value else b"\x00")
-    else:
-        assert isinstance(value, list)
-        out.append(_U32.pack(len(value)))
-        item_code = code.lower()
-        for item in value:
-            _encode_field(item_code, item, out)
+def _write_str(value: str, out: list[bytes]) -> None:
+    data = value.encode()
+    out += (_U32.pack(len(data)), data)
 
 
-def _encode(kind: int, request_id: int, layout: str, fields: Sequence[Field]) -> bytes:
-    if len(fields) != len(layout):
-        raise ValueError(f"kind {kind} takes {len(layout)} fields, got {len(fields)}")
+def _write_bytes(value: bytes, out: list[bytes]) -> None:
+    out += (_U32.pack(len(value)), value)
+
+
+def _write_number(value: int, out: list[bytes]) -> None:
+    digits = b"%d" % value
+    out += (_U32.pack(len(digits)), digits)
+
+
+def _write_i64(value: int, out: list[bytes]) -> None:
+    out.append(_I64.pack(value))
+
+
+def _write_f64(value: float, out: list[bytes]) -> None:
+    out.append(_F64.pack(value))
+
+
+def _write_optional_f64(value: float | None, out: list[bytes]) -> None:
+    out.append(b"\x00" if value is None else b"\x01" + _F64.pack(value))
+
+
+def _write_bool(value: bool, out: list[bytes]) -> None:
+    out.append(b"\x01" if value else b"\x00")
+
+
+def _list_writer(write_item: Writer) -> Writer:
+    def write(values: list[Any], out: list[bytes]) -> None:
+        out.append(_U32.pack(len(values)))
+        for item in values:
+            write_item(item, out)
+
+    return write
+
+
+_WRITERS: dict[str, Writer] = {
+    "s": _write_str,
+    "b": _write_bytes,
+    "n": _write_number,
+    "i": _write_i64,
+    "f": _write_f64,
+    "F": _write_optional_f64,
+    "?": _write_bool,
+    "S": _list_writer(_write_str),
+    "B": _list_writer(_write_bytes),
+}
+
+
+def _writers(layout: str) -> tuple[Writer, ...]:
+    return tuple(_WRITERS[code] for code in layout)
+
+
+_REQUEST_WRITERS = {op: _writers(layout) for op, layout in REQUEST_FIELDS.items()}
+_REPLY_WRITERS = {status: _writers(layout) for status, layout in REPLY_FIELDS.items()}
+
+
+def _encode(
+    kind: int, request_id: int, writers: tuple[Writer, ...], fields: Sequence[Field]
+) -> bytes:
+    if len(fields) != len(writers):
+        raise ValueError(f"kind {kind} takes {len(writers)} fields, got {len(fields)}")
     out: list[bytes] = [b""]
-    for code, value in zip(layout, fields, strict=True):
-        _encode_field(code, value, out)
-    size = sum(map(len, out)) + _BODY_HEADER_SIZE
-    out[0] = _HEADER.pack(size, kind, request_id)
-    return b"".join(out)
+    for write, value in zip(writers, fields, strict=True):
+        write(value, out)
+    body = b"".join(out)
+    return _HEADER.pack(len(body) + _BODY_HEADER_SIZE, kind, request_id) + body
 
 
 def encode_preamble(version: int = VERSION) -> bytes:
@@ -206,122 +241,166 @@ def encode_preamble(version: int = VERSION) -> bytes:
 
 def encode_request(op: Op, request_id: int, *fields: Field) -> bytes:
     """Return the frame (length prefix included) of a request."""
-    return _encode(op, request_id, REQUEST_FIELDS[op], fields)
+    return _encode(op, request_id, _REQUEST_WRITERS[op], fields)
 
 
 def encode_reply(status: Status, request_id: int, *fields: Field) -> bytes:
     """Return the frame (length prefix included) of a reply."""
-    return _encode(status, request_id, REPLY_FIELDS[status], fields)
+    return _encode(status, request_id, _REPLY_WRITERS[status], fields)
 
 
 # -- decoding ----------------------------------------------------------------------------------
 
 
-class _Cursor:
-    """Reads fields from one frame body, raising :class:`StoreProtocolError` on short data."""
+class _Malformed(Exception):
+    """Raised by a reader; the decoder adds the request id and raises StoreProtocolError."""
 
-    __slots__ = ("body", "pos", "request_id")
 
-    def __init__(self, body: bytes, request_id: int) -> None:
-        self.body = body
-        self.pos = _BODY_HEADER_SIZE
-        self.request_id = request_id
+def _take(body: bytes, pos: int, size: int, what: str) -> int:
+    """Return the offset after ``size`` bytes at ``pos``, if the frame holds them."""
+    end = pos + size
+    if end > len(body):
+        raise _Malformed(
+            f"frame ends inside {what}: needs {size} bytes at offset {pos}, has {len(body) - pos}"
+        )
+    return end
 
-    def fail(self, reason: str) -> StoreProtocolError:
-        return StoreProtocolError(reason, self.request_id)
 
-    def take(self, size: int, what: str) -> bytes:
-        end = self.pos + size
-        if end > len(self.body):
-            raise self.fail(
-                f"frame ends inside {what}: needs {size} bytes at offset {self.pos}, "
-                f"has {len(self.body) - self.pos}"
-            )
-        data = self.body[self.pos : end]
-        self.pos = end
-        return data
+def _read_sized(body: bytes, pos: int, what: str) -> tuple[bytes, int]:
+    start = pos + 4
+    if start > len(body):
+        _take(body, pos, 4, f"{what} length")
+    end = start + _U32.unpack_from(body, pos)[0]
+    if end > len(body):
+        _take(body, start, end - start, what)
+    return body[start:end], end
 
-    def u32(self, what: str) -> int:
-        value: int = _U32.unpack(self.take(4, what))[0]
-        return value
 
-    def field(self, code: str) -> Field:
-        if code == "s":
-            data = self.take(self.u32("a string length"), "a string")
-            try:
-                return data.decode()
-            except UnicodeDecodeError:
-                raise self.fail(f"a string is not valid UTF-8: {data[:40]!r}") from None
-        if code == "b":
-            return self.take(self.u32("a bytes length"), "a bytes value")
-        if code == "n":
-            digits = self.take(self.u32("an integer length"), "an integer")
-            if len(digits) > _MAX_DIGITS or not _DECIMAL.fullmatch(digits):
-                raise self.fail(f"an integer is not ASCII decimal: {digits[:40]!r}")
-            return int(digits)
-        if code == "i":
-            value: int = _I64.unpack(self.take(8, "a 64-bit integer"))[0]
-            return value
-        if code == "f":
-            number: float = _F64.unpack(self.take(8, "a float"))[0]
-            return number
-        if code == "F":
-            flag = self.take(1, "an optional float")[0]
-            if flag > 1:
-                raise self.fail(f"an optional float has presence byte {flag}, not 0 or 1")
-            return self.field("f") if flag else None
-        if code == "?":
-            flag = self.take(1, "a boolean")[0]
-            if flag > 1:
-                raise self.fail(f"a boolean is {flag}, not 0 or 1")
-            return bool(flag)
-        count = self.u32("a list length")
+def _read_str(body: bytes, pos: int) -> tuple[str, int]:
+    data, end = _read_sized(body, pos, "a string")
+    try:
+        return data.decode(), end
+    except UnicodeDecodeError:
+        raise _Malformed(f"a string is not valid UTF-8: {data[:40]!r}") from None
+
+
+def _read_bytes(body: bytes, pos: int) -> tuple[bytes, int]:
+    return _read_sized(body, pos, "a bytes value")
+
+
+def _read_number(body: bytes, pos: int) -> tuple[int, int]:
+    digits, end = _read_sized(body, pos, "an integer")
+    if len(digits) > _MAX_DIGITS or not _DECIMAL.fullmatch(digits):
+        raise _Malformed(f"an integer is not ASCII decimal: {digits[:40]!r}")
+    return int(digits), end
+
+
+def _read_i64(body: bytes, pos: int) -> tuple[int, int]:
+    end = _take(body, pos, 8, "a 64-bit integer")
+    value: int = _I64.unpack_from(body, pos)[0]
+    return value, end
+
+
+def _read_f64(body: bytes, pos: int) -> tuple[float, int]:
+    end = _take(body, pos, 8, "a float")
+    value: float = _F64.unpack_from(body, pos)[0]
+    return value, end
+
+
+def _read_flag(body: bytes, pos: int, what: str) -> tuple[bool, int]:
+    end = _take(body, pos, 1, what)
+    flag = body[pos]
+    if flag > 1:
+        raise _Malformed(f"{what} has flag byte {flag}, not 0 or 1")
+    return flag == 1, end
+
+
+def _read_optional_f64(body: bytes, pos: int) -> tuple[float | None, int]:
+    present, end = _read_flag(body, pos, "an optional float")
+    return _read_f64(body, end) if present else (None, end)
+
+
+def _read_bool(body: bytes, pos: int) -> tuple[bool, int]:
+    return _read_flag(body, pos, "a boolean")
+
+
+def _list_reader(read_item: Reader) -> Reader:
+    def read(body: bytes, pos: int) -> tuple[list[Any], int]:
+        end = _take(body, pos, 4, "a list length")
+        count: int = _U32.unpack_from(body, pos)[0]
         # Every item takes at least 4 bytes, so a count the frame cannot hold is refused before
         # anything is allocated for it.
-        if count * 4 > len(self.body) - self.pos:
-            raise self.fail(f"a list claims {count} items, more than the frame can hold")
-        item_code = code.lower()
-        items = [self.field(item_code) for _ in range(count)]
-        return items  # type: ignore[return-value]
+        if count * 4 > len(body) - end:
+            raise _Malformed(f"a list claims {count} items, more than the frame can hold")
+        items = []
+        for _ in range(count):
+            item, end = read_item(body, end)
+            items.append(item)
+        return items, end
 
-    def fields(self, layout: str) -> tuple[Field, ...]:
-        values = tuple(self.field(code) for code in layout)
-        if self.pos != len(self.body):
-            raise self.fail(f"{len(self.body) - self.pos} unexpected bytes after the last field")
-        return values
+    return read
 
 
-def _header(body: bytes) -> tuple[int, int]:
-    if len(body) < _BODY_HEADER_SIZE:
-        raise StoreProtocolError(
-            f"a frame body of {len(body)} bytes is shorter than its {_BODY_HEADER_SIZE}-byte header"
-        )
-    kind = body[0]
-    request_id: int = _U32.unpack_from(body, 1)[0]
-    return kind, request_id
+_READERS: dict[str, Reader] = {
+    "s": _read_str,
+    "b": _read_bytes,
+    "n": _read_number,
+    "i": _read_i64,
+    "f": _read_f64,
+    "F": _read_optional_f64,
+    "?": _read_bool,
+    "S": _list_reader(_read_str),
+    "B": _list_reader(_read_bytes),
+}
+
+
+def _readers(layout: str) -> tuple[Reader, ...]:
+    return tuple(_READERS[code] for code in layout)
+
+
+_REQUEST_READERS = {op.value: (op, _readers(layout)) for op, layout in REQUEST_FIELDS.items()}
+_REPLY_READERS = {
+    status.value: (status, _readers(layout)) for status, layout in REPLY_FIELDS.items()
+}
 
 
 def decode_request(body: bytes) -> Request:
     """Decode a request frame body (without its length prefix)."""
-    op, request_id, fields = _decode(body, Op, REQUEST_FIELDS, "operation")
+    op, request_id, fields = _decode(body, _REQUEST_READERS, "operation")
     return Request(op, request_id, fields)
 
 
 def decode_reply(body: bytes) -> Reply:
     """Decode a reply frame body (without its length prefix)."""
-    status, request_id, fields = _decode(body, Status, REPLY_FIELDS, "reply status")
+    status, request_id, fields = _decode(body, _REPLY_READERS, "reply status")
     return Reply(status, request_id, fields)
 
 
 def _decode(
-    body: bytes, kinds: type[K], layouts: dict[K, str], what: str
+    body: bytes, kinds: dict[int, tuple[K, tuple[Reader, ...]]], what: str
 ) -> tuple[K, int, tuple[Field, ...]]:
-    code, request_id = _header(body)
+    if len(body) < _BODY_HEADER_SIZE:
+        raise StoreProtocolError(
+            f"a frame body of {len(body)} bytes is shorter than its {_BODY_HEADER_SIZE}-byte header"
+        )
+    code, request_id = _BODY_HEADER.unpack_from(body)
+    entry = kinds.get(code)
+    if entry is None:
+        raise StoreProtocolError(f"unknown {what} {code}", request_id)
+    kind, readers = entry
+    pos = _BODY_HEADER_SIZE
+    fields: list[Field] = []
     try:
-        kind = kinds(code)
-    except ValueError:
-        raise StoreProtocolError(f"unknown {what} {code}", request_id) from None
-    return kind, request_id, _Cursor(body, request_id).fields(layouts[kind])
+        for read in readers:
+            value, pos = read(body, pos)
+            fields.append(value)
+    except _Malformed as error:
+        raise StoreProtocolError(str(error), request_id) from None
+    if pos != len(body):
+        raise StoreProtocolError(
+            f"{len(body) - pos} unexpected bytes after the last field", request_id
+        )
+    return kind, request_id, tuple(fields)
 
 
 def decode_preamble(data: bytes) -> int:
@@ -354,12 +433,16 @@ class FrameReader:
         (the stream cannot be trusted after that: close it).
         """
         buffer = self._buffer
-        buffer += data
+        # Usually the buffer is empty and ``data`` holds whole frames: split it without a copy.
+        source: bytes | bytearray = data
+        if buffer:
+            buffer += data
+            source = buffer
         bodies: list[bytes] = []
         start = 0
-        end = len(buffer)
+        end = len(source)
         while end - start >= 4:
-            size: int = _U32.unpack_from(buffer, start)[0]
+            size: int = _U32.unpack_from(source, start)[0]
             if size > self.max_frame_size:
                 raise StoreProtocolError(
                     f"a frame of {size} bytes exceeds the maximum of {self.max_frame_size}; "
@@ -367,10 +450,12 @@ class FrameReader:
                 )
             if end - start - 4 < size:
                 break
-            bodies.append(bytes(buffer[start + 4 : start + 4 + size]))
+            bodies.append(bytes(source[start + 4 : start + 4 + size]))
             start += 4 + size
-        if start:
+        if source is buffer:
             del buffer[:start]
+        elif start < end:
+            buffer += data[start:]
         return bodies
 
     @property

@@ -470,14 +470,14 @@ class _Session:
             return b""
         replies: list[bytes] = []
         for body in bodies:
-            if self.phase is _Phase.HELLO:
-                welcome = self._hello(body)
-                replies.append(welcome)
+            if self.phase is _Phase.OPEN:
+                if (reply := self._answer(body)) is not None:
+                    replies.append(reply)
+            else:
+                replies.append(self._hello(body))
                 if self.closing:
                     break
-            elif (reply := self._answer(body)) is not None:
-                replies.append(reply)
-        return b"".join(replies)
+        return replies[0] if len(replies) == 1 else b"".join(replies)
 
     def _hello(self, body: bytes) -> bytes:
         try:
