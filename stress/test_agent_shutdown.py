@@ -24,7 +24,9 @@ import pytest
 
 from stress.conftest import Figures
 
-TRIALS_PER_SIGNAL = 12
+POINTS = ("early", "spawn", "running", "restart")
+"""Right after start, as the agent reports its workers started, once both run, at a restart."""
+TRIALS_PER_SIGNAL = 24
 WORKER = """
 import os, subprocess, sys, time
 out = sys.argv[1]
@@ -84,7 +86,7 @@ def marked(marker: str) -> list[int]:
 
 async def one_trial(tmp: Path, signum: signal.Signals, point: str) -> tuple[int, int, int]:
     """Run the agent, signal it at ``point``; return (workers, grandchildren, others) left."""
-    marker = f"AIOELASTIC_SHUTDOWN_TRIAL={uuid.uuid4()}"
+    trial = str(uuid.uuid4())
     out = tmp / f"{signum}-{point}-{random.random()}"
     out.mkdir()
     script = tmp / "worker.py"
@@ -93,14 +95,15 @@ async def one_trial(tmp: Path, signum: signal.Signals, point: str) -> tuple[int,
     command = [sys.executable, "-m", "aioelastic", "run", "--standalone"]
     command += ["--nproc-per-node", "2", "--max-restarts", "3", "--shutdown-timeout", "5"]
     command += [str(script), str(out), mode]
-    env = {**os.environ, marker.partition("=")[0]: marker.partition("=")[2]}
+    env = {**os.environ, "AIOELASTIC_SHUTDOWN_TRIAL": trial}  # inherited by all it starts
     agent = await anyio.open_process(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
     )
     try:
         assert agent.stdout is not None
         seen = b""
-        want = {"early": b"", "running": b"ready", "restart": b"restarting"}[point]
+        wants = {"early": b"", "spawn": b"started", "running": b"ready", "restart": b"restarting"}
+        want = wants[point]
         readies = 0
         with anyio.fail_after(120):
             while want and (want not in seen or (point == "running" and readies < 2)):
@@ -118,7 +121,9 @@ async def one_trial(tmp: Path, signum: signal.Signals, point: str) -> tuple[int,
     known = {int(pid) for pair in pairs for pid in pair}
     workers = await wait_gone([int(w) for w, _ in pairs], 30)
     children = await wait_gone([int(c) for _, c in pairs], 30)
-    others = await wait_gone([pid for pid in marked(marker) if pid not in known], 30)
+    others = await wait_gone(
+        [pid for pid in marked(f"AIOELASTIC_SHUTDOWN_TRIAL={trial}") if pid not in known], 30
+    )
     for pid in workers + children + others:
         os.kill(pid, signal.SIGKILL)
     return len(workers), len(children), len(others)
@@ -128,12 +133,11 @@ async def one_trial(tmp: Path, signum: signal.Signals, point: str) -> tuple[int,
 @pytest.mark.timeout(900)
 async def test_agent_signals_leave_nothing_behind(tmp_path: Path, figures: Figures) -> None:
     """SIGTERM, SIGINT and SIGKILL to the agent leave no worker, grandchild or guardian."""
-    rng = random.Random(7)
     left: dict[str, Counter[str]] = {}
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         counts = left.setdefault(signum.name, Counter())
-        for _ in range(TRIALS_PER_SIGNAL):
-            point = rng.choice(["early", "running", "restart"])
+        for trial in range(TRIALS_PER_SIGNAL):
+            point = POINTS[trial % len(POINTS)]
             workers, children, others = await one_trial(tmp_path, signum, point)
             counts["trials"] += 1
             counts[f"at {point}"] += 1
