@@ -45,6 +45,7 @@ from aioelastic.store._tcp_codec import (
     DEFAULT_MAX_FRAME_SIZE,
     Field,
     FrameReader,
+    FrameTooLargeError,
     Op,
     Reply,
     Status,
@@ -66,6 +67,7 @@ _UNSAFE_TO_RESEND = frozenset({Op.ADD, Op.COMPARE_SET, Op.APPEND, Op.DELETE_KEY}
 
 
 Dispatch = Callable[["_Connection", list[bytes]], None]
+BadFrame = Callable[["_Connection", StoreProtocolError], None]
 
 
 class _Connection(abc.ABC):
@@ -74,6 +76,7 @@ class _Connection(abc.ABC):
     epoch = 0
     alive = True
     dispatch: Dispatch | None = None
+    bad_frame: BadFrame | None = None
 
     @abc.abstractmethod
     async def send(self, data: bytes) -> None:
@@ -115,9 +118,10 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
                 self.early += bodies
                 self.arrived.set()
         except StoreProtocolError as error:
-            log.warning("store server sent a bad frame (%s); reconnecting", error.reason)
             self.alive = False
             self.transport.abort()
+            if self.bad_frame is not None:
+                self.bad_frame(self, error)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False
@@ -172,7 +176,9 @@ class _StreamConnection(_Connection):
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         except StoreProtocolError as error:
-            log.warning("store server sent a bad frame (%s); reconnecting", error.reason)
+            self.alive = False
+            if self.bad_frame is not None:
+                self.bad_frame(self, error)
         finally:
             self.alive = False
 
@@ -281,6 +287,7 @@ class TCPStore(Store):
         self._task_group: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._frame_limit = max_frame_size  # lowered to the server's at the handshake
+        self._unreachable: str | None = None  # why reconnecting last gave up, until it succeeds
         self._new_signal: Callable[[], _Signal] = _EventSignal
         self._now: Callable[[], float] = anyio.current_time
 
@@ -349,6 +356,7 @@ class TCPStore(Store):
             connection.epoch = epoch
             self._frame_limit = min(self.max_frame_size, limit)
             connection.dispatch = self._dispatch
+            connection.bad_frame = self._bad_frame
             return connection
         except BaseException:
             await connection.aclose()
@@ -416,8 +424,10 @@ class TCPStore(Store):
                 await anyio.sleep_forever()
             except StoreConnectionError as error:
                 log.warning("store %s: %s", self.endpoint, error.reason)
+                self._unreachable = error.reason
                 self._fail_all(error)
                 continue
+            self._unreachable = None
             if connection.epoch != epoch:
                 lost = StoreConnectionError(
                     self.endpoint,
@@ -443,6 +453,19 @@ class TCPStore(Store):
             call = calls.get(reply.request_id)
             if call is not None and call.sent_on is connection:
                 call.finish(reply)
+
+    def _bad_frame(self, connection: _Connection, error: StoreProtocolError) -> None:
+        """A reply could not be read: fail its call (a re-send would fail again), reconnect."""
+        log.warning("store server sent a bad frame (%s); reconnecting", error.reason)
+        call = self._calls.get(error.request_id) if error.request_id is not None else None
+        if call is not None and call.sent_on is connection:
+            kind = StoreValueError if isinstance(error, FrameTooLargeError) else StoreProtocolError
+            call.finish(
+                error=kind(
+                    f"the reply to {call.op.name.lower()}({call.subject!r}) could not be read: "
+                    f"{error.reason}"
+                )
+            )
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -504,7 +527,14 @@ class TCPStore(Store):
         return self._check_reply(call.reply)
 
     async def _wait_connected(self, deadline: float) -> bool:
-        """Wait for a connection; return False if the call's ``deadline`` came first."""
+        """Wait for a connection; return False if the call's ``deadline`` came first.
+
+        Once reconnecting has already taken longer than ``connect_timeout``, calls fail at once
+        (the supervisor keeps trying; a call made after the server is back goes through).
+        """
+        if self._unreachable is not None:
+            reason = f"not connected: {self._unreachable}; still retrying in the background"
+            raise StoreConnectionError(self.endpoint, reason)
         connected = self._connected
         assert connected is not None
         with anyio.move_on_after(self.connect_timeout):

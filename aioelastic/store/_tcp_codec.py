@@ -419,6 +419,10 @@ PREAMBLE_SIZE = len(PREAMBLE) + _VERSION.size
 """How many bytes :func:`decode_preamble` reads."""
 
 
+class FrameTooLargeError(StoreProtocolError):
+    """A frame declared a body above the reader's ``max_frame_size``."""
+
+
 class FrameReader:
     """Splits a byte stream into frame bodies, refusing any frame above ``max_frame_size``."""
 
@@ -430,7 +434,8 @@ class FrameReader:
         """Add received bytes; return the bodies of the frames now complete, in order.
 
         Raises :class:`StoreProtocolError` when a frame declares a body larger than the limit
-        (the stream cannot be trusted after that: close it).
+        (the stream cannot be trusted after that: close it); the error names the frame's
+        request id when its header has arrived.
         """
         buffer = self._buffer
         # Usually the buffer is empty and ``data`` holds whole frames: split it without a copy.
@@ -444,9 +449,12 @@ class FrameReader:
         while end - start >= 4:
             size: int = _U32.unpack_from(source, start)[0]
             if size > self.max_frame_size:
-                raise StoreProtocolError(
+                # Name the request when its id has arrived, so only that request fails.
+                known = end - start >= 4 + _BODY_HEADER_SIZE
+                raise FrameTooLargeError(
                     f"a frame of {size} bytes exceeds the maximum of {self.max_frame_size}; "
-                    "split large values or raise max_frame_size on both ends"
+                    "split large values or raise max_frame_size on both ends",
+                    _U32.unpack_from(source, start + 5)[0] if known else None,
                 )
             if end - start - 4 < size:
                 break

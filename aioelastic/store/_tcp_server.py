@@ -508,13 +508,31 @@ class _Session:
             return encode_reply(Status.BAD_REQUEST, error.request_id, error.reason)
         self.server._requests += 1
         try:
-            return self.handlers[request.op](request)
+            reply = self.handlers[request.op](request)
+            return reply if reply is None else self._fit(request, reply)
         except StoreValueError as error:
             return encode_reply(Status.VALUE_ERROR, request.request_id, str(error))
         except StoreClosedError as error:
             return encode_reply(Status.CLOSED, request.request_id, str(error))
         except (ValueError, TypeError) as error:
             return encode_reply(Status.INVALID, request.request_id, str(error))
+
+    def _fit(self, request: Request, reply: bytes) -> bytes:
+        """Return ``reply``, or a ``VALUE_ERROR`` if it is above the frame limit.
+
+        The client learnt the limit at the handshake; a larger reply would make it drop the
+        connection and re-send the request, again and again.
+        """
+        size, limit = len(reply) - 4, self.server.max_frame_size
+        if size <= limit:
+            return reply
+        return encode_reply(
+            Status.VALUE_ERROR,
+            request.request_id,
+            f"the reply to {request.op.name.lower()} would be a frame of {size} bytes, which "
+            f"exceeds the maximum frame size of {limit}; read fewer or smaller keys at once "
+            "(a narrower prefix, fewer keys per multi_get) or raise max_frame_size on both ends",
+        )
 
     # -- requests answered at once --------------------------------------------------------
 
@@ -640,7 +658,7 @@ class _Session:
         if reply is not None and self.phase is _Phase.OPEN:
             # If the client went away meanwhile, the connection cleans up.
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                await self.send(reply)
+                await self.send(self._fit(request, reply))
 
     async def _wait_reply(self, request: Request) -> bytes:
         store, request_id, fields = self.store, request.request_id, request.fields

@@ -234,3 +234,18 @@ async def test_concurrent_requests_share_one_connection(
             tg.start_soon(tcp_store.add, "n", 1)
     assert await tcp_store.get("n") == b"200"
     assert tcp_server.statistics().connections_total == 1
+
+
+async def test_calls_fail_at_once_while_the_server_stays_unreachable(clock: ManualClock) -> None:
+    """Once reconnecting outlasted connect_timeout, a new call fails at once with the reason."""
+    errors: list[StoreConnectionError] = []
+    server = TCPStoreServer(clock=clock)
+    async with anyio.create_task_group() as tg:
+        running = await Running.start(tg, server)
+        async with TCPStore("127.0.0.1", server.port, connect_timeout=0.2) as store:
+            async with anyio.create_task_group() as calls:
+                await park_failing_get(calls, store, clock, errors)
+                await running.stop()
+            with pytest.raises(StoreConnectionError, match="still retrying in the background"):
+                await store.set("k", b"v")
+    assert len(errors) == 1

@@ -284,3 +284,51 @@ async def test_client_learns_a_smaller_server_frame_limit() -> None:
             await store.set("k", b"x" * 1000)
         await store.set("k", b"x" * 900)
         assert server.statistics().dropped_connections == 0
+
+
+async def test_reply_over_the_frame_limit_is_a_clear_error() -> None:
+    """A get_prefix whose reply exceeds the frame limit raises; the connection keeps serving."""
+    async with (
+        TCPStoreServer(max_frame_size=1000) as server,
+        TCPStore("127.0.0.1", server.port) as store,
+    ):
+        server.store.multi_set_nowait(["big/a", "big/b"], [b"x" * 600, b"y" * 600])
+        with pytest.raises(StoreValueError, match=r"reply to get_prefix would be a frame of \d+"):
+            await store.get_prefix("big/")
+        assert (await store.get_prefix("big/a")).items == {"big/a": b"x" * 600}
+        stats = server.statistics()
+    assert (stats.dropped_connections, stats.connections_total) == (0, 1)
+
+
+async def test_waiting_reply_over_the_frame_limit_is_a_clear_error(clock: ManualClock) -> None:
+    """A parked multi_get whose values outgrow the frame limit raises once they arrive."""
+    async with (
+        TCPStoreServer(max_frame_size=1000, clock=clock) as server,
+        TCPStore("127.0.0.1", server.port) as store,
+        anyio.create_task_group() as tg,
+    ):
+        errors: list[StoreValueError] = []
+
+        async def multi_get() -> None:
+            with pytest.raises(StoreValueError, match="reply to multi_get would be") as caught:
+                await store.multi_get(["a", "b"])
+            errors.append(caught.value)
+
+        parked = Parked(clock)
+        tg.start_soon(multi_get)
+        await parked.wait()
+        server.store.multi_set_nowait(["a", "b"], [b"x" * 600, b"y" * 600])
+    assert len(errors) == 1
+
+
+async def test_reply_over_the_client_frame_limit_fails_only_that_call() -> None:
+    """A reply above a client's own smaller limit fails that call once; later calls succeed."""
+    async with (
+        TCPStoreServer() as server,
+        TCPStore("127.0.0.1", server.port, max_frame_size=1000) as store,
+    ):
+        server.store.set_nowait("big", b"x" * 2000)
+        with pytest.raises(StoreValueError, match=r"reply to get\('big'\) could not be read: a"):
+            await store.get("big")
+        await store.set("small", b"1")
+        assert await store.get("small") == b"1"
