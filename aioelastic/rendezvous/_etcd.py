@@ -11,6 +11,10 @@ so a node whose process dies is dropped by etcd's clock when its lease expires.
 ``read_timeout`` is how long the store keeps retrying an unreachable cluster before the
 handler raises :class:`RendezvousConnectionError` (default 60 s). In-process callers may pass
 an open ``EtcdStore`` as ``store`` so many handlers share one connection.
+
+One attempt of a store call gives up after half the slack between a keep-alive and the
+liveness key's expiry (at most 5 s), so a keep-alive stuck on a stalled member still reaches
+another member before the node is taken for dead.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ ETCD_KEYS = frozenset({"etcd_prefix", "protocol", "cacert", "cert", "key", "user
 
 DEFAULT_ENDPOINT = "127.0.0.1:2379"
 DEFAULT_READ_TIMEOUT = 60.0
+MAX_REQUEST_TIMEOUT = 5.0
 
 
 def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
@@ -44,14 +49,21 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
         return ElasticRendezvousHandler(
             shared, settings, backend=params.backend, local_addr=local_addr
         )
-    store = _open_store(params)
+    store = _open_store(params, settings)
     return ElasticRendezvousHandler(
         lambda: store, settings, backend=params.backend, local_addr=local_addr
     )
 
 
-def _open_store(params: RendezvousParameters) -> Any:
-    """Build (not yet connect) the EtcdStore the handler will own."""
+def request_timeout(settings: ElasticSettings) -> float:
+    """How long one store attempt may take before moving to the next member."""
+    slack = settings.heartbeat_timeout - settings.keep_alive_interval
+    return min(MAX_REQUEST_TIMEOUT, slack / 2)
+
+
+def _open_store(params: RendezvousParameters, settings: ElasticSettings | None = None) -> Any:
+    """Build (not yet connect) the EtcdStore a handler with ``settings`` will own (without
+    settings, for a reader such as ``aioelastic status``: the longest attempt timeout)."""
     protocol = str(params.get("protocol", "http")).lower()
     if protocol not in ("http", "https"):
         raise RendezvousParameterError(
@@ -80,6 +92,7 @@ def _open_store(params: RendezvousParameters) -> Any:
             key=params.get("key"),
             user=params.get("user"),
             password=params.get("password"),
+            request_timeout=MAX_REQUEST_TIMEOUT if settings is None else request_timeout(settings),
             retry_timeout=read_timeout,
         )
     except ImportError as error:

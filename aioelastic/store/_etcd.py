@@ -668,32 +668,82 @@ class EtcdStore(Store):
         start_revision: int,
         established: Callable[[], None],
     ) -> int | None:
+        """Watch ``ranges`` on ``member`` while probing that it still answers.
+
+        A stalled member (paused, or cut off) keeps its stream open and silent, and grpc's
+        keepalive may take a minute to notice; the probe notices within two request timeouts.
+        """
         await self._conn.authenticate(member)
         # "hasleader": etcd ends the watch if this member loses its leader (no stale waits).
         self._conn.requests += 1
         call = member.watch.Watch(metadata=(*(member.metadata or ()), ("hasleader", "true")))
+        ended: list[int | Exception | None] = []  # the first of: the watch's result, a failure
+
+        async def first(step: Awaitable[int | None]) -> None:
+            try:
+                ended.append(await step)
+            except Exception as error:  # raised below, not as an exception group
+                ended.append(error)
+            tg.cancel_scope.cancel()
+
         try:
-            for key, end in ranges:
-                create = rpc.WatchCreateRequest(
-                    key=key, range_end=end, start_revision=start_revision
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    first, self._read_watch(call, member, ranges, start_revision, established)
                 )
-                await call.write(rpc.WatchRequest(create_request=create))
-            while True:
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    raise StoreConnectionError(member.address, "the watch stream ended")
-                if response.compact_revision:
-                    return None
-                if response.events:
-                    return int(response.header.revision)
-                if response.canceled:
-                    raise StoreConnectionError(
-                        member.address, f"etcd cancelled the watch: {response.cancel_reason}"
-                    )
-                if response.created:
-                    established()
+                tg.start_soon(first, self._probe(member))
         finally:
             call.cancel()
+        outcome = ended[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def _read_watch(
+        self,
+        call: Any,
+        member: Member,
+        ranges: Sequence[tuple[bytes, bytes]],
+        start_revision: int,
+        established: Callable[[], None],
+    ) -> int | None:
+        for key, end in ranges:
+            create = rpc.WatchCreateRequest(key=key, range_end=end, start_revision=start_revision)
+            await settle(call.write(rpc.WatchRequest(create_request=create)))
+        while True:
+            response = await settle(call.read())
+            if response is grpc.aio.EOF:
+                raise StoreConnectionError(member.address, "the watch stream ended")
+            if response.compact_revision:
+                return None
+            if response.events:
+                return int(response.header.revision)
+            if response.canceled:
+                raise StoreConnectionError(
+                    member.address, f"etcd cancelled the watch: {response.cancel_reason}"
+                )
+            if response.created:
+                established()
+
+    async def _probe(self, member: Member) -> int | None:
+        """Raise :class:`StoreConnectionError` once ``member`` stops answering a small read
+        (one every request timeout); never returns otherwise."""
+        request = rpc.RangeRequest(key=self._data, keys_only=True)
+        timeout = self._conn.request_timeout
+        while True:
+            await anyio.sleep(timeout)
+            self._conn.requests += 1
+            try:
+                await settle(member.kv.Range(request, timeout=timeout, metadata=member.metadata))
+            except Exception as error:
+                if is_retryable(error):
+                    raise StoreConnectionError(
+                        member.address,
+                        f"stopped answering while it held a watch ({describe(error)})",
+                    ) from None
+                if not is_rpc_error(error):
+                    raise
+                # Refused rather than stalled (an expired token, say): the watch decides.
 
     async def _changed_since(self, start: bytes, end: bytes, after: int) -> int | None:
         """Return the store revision if a key in ``[start, end)`` changed after ``after``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import anyio
 import pytest
 
@@ -66,6 +68,36 @@ async def test_watch_survives_its_member_being_killed_and_restarted(
     assert w.statistics().watches_resumed >= 1
     failed = {e.endpoint for e in watcher_events if isinstance(e, EtcdFailover)}
     assert victim.endpoint in failed
+
+
+async def test_watch_moves_off_a_paused_member(etcd_cluster: EtcdCluster, etcd_prefix: str) -> None:
+    """A waiter whose member is paused (SIGSTOP, stream open and silent) sees the next write."""
+    first, *others = etcd_cluster.members
+    elsewhere = ",".join(m.endpoint for m in others)
+    seen: list[int] = []
+    async with (
+        EtcdStore(etcd_cluster.endpoints, prefix=etcd_prefix, request_timeout=1.0) as watcher,
+        EtcdStore(elsewhere, prefix=etcd_prefix) as writer,
+    ):
+        revision = (await watcher.get_prefix("k/")).revision
+        assert watcher.statistics().current_endpoint == first.endpoint
+        try:
+            # Generous, but below the minute grpc's keepalive took to notice in the chaos run.
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+
+                    async def wait() -> None:
+                        seen.append(await watcher.wait_for_change("k/", after=revision))
+
+                    tg.start_soon(wait)
+                    await anyio.wait_all_tasks_blocked()
+                    first.signal(signal.SIGSTOP)
+                    await writer.set("k/after-pause", b"1")
+        finally:
+            first.signal(signal.SIGCONT)
+    (changed,) = seen
+    assert changed > revision
+    assert watcher.statistics().watches_resumed >= 1
 
 
 async def test_adds_stay_exactly_once_when_the_leader_is_killed(

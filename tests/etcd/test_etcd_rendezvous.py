@@ -17,6 +17,8 @@ from aioelastic.rendezvous import (
     RendezvousParameters,
     get_rendezvous_handler,
 )
+from aioelastic.rendezvous._etcd import request_timeout
+from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import EtcdStore
 from aioelastic.store._etcd_process import EtcdCluster
 
@@ -181,6 +183,19 @@ def test_bad_configuration_is_a_parameter_error(config: dict[str, Any], message:
     """A bad etcd option raises RendezvousParameterError naming it."""
     with pytest.raises(RendezvousParameterError, match=message):
         get_rendezvous_handler(params("127.0.0.1:2379", "bad", 1, **config))
+
+
+@pytest.mark.parametrize(
+    ("interval", "heartbeat", "expected"), [(0.5, 3, 1.25), (5, 15, 5.0), (1, 30, 5.0)]
+)
+def test_store_attempts_give_up_before_a_keep_alive_would_lapse(
+    interval: float, heartbeat: float, expected: float
+) -> None:
+    """One store attempt takes at most half the slack between keep-alives and expiry, <= 5 s."""
+    settings = ElasticSettings(
+        "job", 1, 1, keep_alive_interval=interval, heartbeat_timeout=heartbeat
+    )
+    assert request_timeout(settings) == expected
 
 
 _WORKER = "import os; print('worker', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
