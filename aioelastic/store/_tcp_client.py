@@ -1,17 +1,22 @@
 """The TCP store client: one connection, many concurrent requests, reconnection with backoff.
 
 Each call encodes a frame with a fresh request id, sends it and waits for the reply with that
-id; a reader task routes replies to their calls, so any number of calls share the connection.
+id; replies are routed to their calls as they are read, so any number of calls share the
+connection. On asyncio (and uvloop) the connection is a protocol: a call writes its frame
+straight into the transport and sleeps on a bare future that the read callback resolves (no
+task switch through a reader, no cancel scope per call). On other backends (trio) the same
+bookkeeping runs over an anyio stream, a reader task and an Event per call.
 Waits are held by the server: a call's timeout travels with the request and the server answers
 ``TIMEOUT`` on its own clock (the client keeps a looser bound of its own in case the server
-stalls).
+stalls). A reply too large to read fails its call with :class:`StoreValueError`.
 
 When the connection drops, a supervisor task reconnects with exponential backoff. Calls that
 only read, and ``set``/``multi_set`` (writing the same value twice leaves the same state), are
 re-sent on the new connection. ``add``, ``compare_set``, ``append`` and ``delete_key`` are not:
 if one was sent and its reply never came, it raises :class:`StoreOutcomeUnknownError`, because
 re-sending could apply it twice. If the server restarted (a new epoch), its keys are gone and
-every pending call fails with :class:`StoreConnectionError` instead of being re-sent.
+every pending call fails with :class:`StoreConnectionError` instead of being re-sent. Once
+reconnecting has failed for ``connect_timeout``, new calls fail at once until it succeeds.
 """
 
 from __future__ import annotations
@@ -176,7 +181,6 @@ class _StreamConnection(_Connection):
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         except StoreProtocolError as error:
-            self.alive = False
             if self.bad_frame is not None:
                 self.bad_frame(self, error)
         finally:
@@ -288,7 +292,7 @@ class TCPStore(Store):
         self._closed = False
         self._frame_limit = max_frame_size  # lowered to the server's at the handshake
         self._unreachable: str | None = None  # why reconnecting last gave up, until it succeeds
-        self._new_signal: Callable[[], _Signal] = _EventSignal
+        self._new_signal: Callable[[], _Signal] = _EventSignal  # on asyncio: _FutureSignal
         self._now: Callable[[], float] = anyio.current_time
 
     @property
@@ -302,10 +306,7 @@ class TCPStore(Store):
             raise RuntimeError("a TCPStore can be entered only once")
         if on_asyncio():
             loop = asyncio.get_running_loop()
-            self._new_signal = partial(_FutureSignal, loop)
-            self._now = loop.time
-        else:
-            self._new_signal, self._now = _EventSignal, anyio.current_time
+            self._new_signal, self._now = partial(_FutureSignal, loop), loop.time
         connection = await self._connect(self.connect_timeout)
         self._connection = connection
         self._connected = anyio.Event()
