@@ -10,6 +10,8 @@ Bad input costs only what it touched: a frame that decodes badly but whose reque
 readable gets a ``BAD_REQUEST`` reply and the connection goes on; a frame whose size or header
 cannot be trusted closes that connection. Each connection logs its first problem as a warning
 (later ones at debug level) and the :meth:`TCPStoreServer.statistics` counters count them all.
+A reply larger than the frame limit (say a ``get_prefix`` over many big values) is replaced by
+a ``VALUE_ERROR`` naming its size, so the client raises instead of dropping the connection.
 """
 
 from __future__ import annotations
