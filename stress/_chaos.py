@@ -11,8 +11,10 @@ its data directory and must serve again).
 Each worker prints one ``JOIN`` line with its rank, world size and the round's master port; a
 round is the set of workers sharing a master port. A completed round must have ranks
 0..WORLD_SIZE-1 exactly once, and all its workers must agree on the world size. After each
-fault the harness waits (at most ``hang_bound``) for a new completed round; a wait that runs
-out is a hang: the agents' states (their log tails, ``aioelastic status``, the etcd members)
+fault the harness waits (at most ``hang_bound``) for a new completed round. A SIGKILL or
+SIGSTOP of an agent outside the latest round (still joining after that round sealed without
+it) requires no new round: it is counted, not waited for. A wait that runs out is a hang: the
+agents' states (their log tails, ``aioelastic status``, the etcd members)
 are written to a ``stall-N.txt`` file next to the agents' logs and ``faults.log``.
 """
 
@@ -88,9 +90,12 @@ class Rounds:
     def __init__(self) -> None:
         self.by_port: dict[str, list[dict[str, str]]] = {}
         self.changed = anyio.Event()
+        self.latest = ""
+        """The round completed last."""
         self._last = ""
 
-    def add(self, record: dict[str, str]) -> None:
+    def add(self, record: dict[str, str]) -> str:
+        """File one worker's line; return its round's key."""
         port = record["MASTER_PORT"]
         key, reuse = port, 1
         while key in self.by_port and _is_complete(self.by_port[key]) and key != self._last:
@@ -98,8 +103,11 @@ class Rounds:
             key = f"{port}#{reuse}"
         self.by_port.setdefault(key, []).append(record)
         self._last = key
+        if _is_complete(self.by_port[key]):
+            self.latest = key
         self.changed.set()
         self.changed = anyio.Event()
+        return key
 
     def complete(self) -> dict[str, list[dict[str, str]]]:
         return {key: records for key, records in self.by_port.items() if _is_complete(records)}
@@ -128,6 +136,7 @@ class Outcome:
     faults: Counter[str] = field(default_factory=Counter)
     waits: list[float] = field(default_factory=list)
     hung_after: Counter[str] = field(default_factory=Counter)
+    outside: Counter[str] = field(default_factory=Counter)
     stalls: list[str] = field(default_factory=list)
     exits: Counter[int] = field(default_factory=Counter)
     member_problems: list[str] = field(default_factory=list)
@@ -236,6 +245,7 @@ class Agent:
         self.log = log
         self.log_path = log_path
         self.stopped = False
+        self.last_round = ""
 
     def tail(self, lines: int = 8) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()
@@ -289,8 +299,8 @@ class Chaos:
                     seen = set(self.outcome.rounds.complete())
                     if self.members is not None:
                         await self.members.step(self.rng, self.outcome, group)
-                    action = await self._agent_fault(group, step)
-                    await self._next_round(seen, action)
+                    action, required = await self._agent_fault(group, step)
+                    await self._next_round(seen, action, required)
                 if self.members is not None:
                     await self.members.heal()
                 group.cancel_scope.cancel()
@@ -307,19 +317,20 @@ class Chaos:
         process = await anyio.open_process(
             self.command, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "LOGLEVEL": "INFO"}
         )
-        self.agents.append(Agent(process, log, log_path))
-        group.start_soon(self._read, process)
+        agent = Agent(process, log, log_path)
+        self.agents.append(agent)
+        group.start_soon(self._read, agent)
 
-    async def _read(self, process: anyio.abc.Process) -> None:
-        assert process.stdout is not None
+    async def _read(self, agent: Agent) -> None:
+        assert agent.process.stdout is not None
         buffer = b""
-        async for chunk in process.stdout:
+        async for chunk in agent.process.stdout:
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
                 _, found, payload = line.partition(b"JOIN ")
                 if found:
-                    self.outcome.rounds.add(json.loads(payload))
+                    agent.last_round = self.outcome.rounds.add(json.loads(payload))
 
     def _forget_exited(self) -> None:
         """Drop agents that exited by themselves (counted by exit status)."""
@@ -335,7 +346,9 @@ class Chaos:
         span = self.plan.max_live - self.plan.min_live
         return self.plan.min_live + round(span * (1 - abs(2 * phase - 1)))
 
-    async def _agent_fault(self, group: anyio.abc.TaskGroup, step: int) -> str:
+    async def _agent_fault(self, group: anyio.abc.TaskGroup, step: int) -> tuple[str, bool]:
+        """Inject one agent fault; return its kind and whether it requires a new round (not
+        when its victim was outside the current round, say still joining)."""
         stopped = [a for a in self.agents if a.stopped]
         live = self.live()
         self.outcome.live_seen[len(live)] += 1
@@ -353,14 +366,18 @@ class Chaos:
         else:
             action = self.rng.choice(["agent sigkill", "agent sigstop", "agent start"])
         self.outcome.faults[action] += 1
+        victim = self.rng.choice(live)
+        required = action in ("agent sigcont", "agent start")
+        if not required and victim.last_round != self.outcome.rounds.latest:
+            self.outcome.outside[action] += 1
+        else:
+            required = True
         if action == "agent sigkill":
-            victim = self.rng.choice(live)
             victim.process.kill()
             await victim.process.wait()
             victim.log.close()
             self.agents.remove(victim)
         elif action == "agent sigstop":
-            victim = self.rng.choice(live)
             victim.process.send_signal(signal.SIGSTOP)
             victim.stopped = True
         elif action == "agent sigcont":
@@ -368,9 +385,12 @@ class Chaos:
             stopped[0].stopped = False
         else:
             await self._start(group)
-        return action
+        return action, required
 
-    async def _next_round(self, seen: set[str], action: str) -> None:
+    async def _next_round(self, seen: set[str], action: str, required: bool = True) -> None:
+        if not required:
+            self._note(f"{action} of an agent outside the current round: no new round required")
+            return
         rounds = self.outcome.rounds
         began = anyio.current_time()
         with anyio.move_on_after(self.plan.hang_bound) as scope:
@@ -402,7 +422,8 @@ class Chaos:
             state = "stopped" if agent.stopped else "running"
             if process.returncode is not None:
                 state = f"exited {process.returncode}"
-            sections.append(f"agent {agent.log_path.name} pid {process.pid} {state}:")
+            where = f"last round {agent.last_round or 'none'}"
+            sections.append(f"agent {agent.log_path.name} pid {process.pid} {state}, {where}:")
             sections.append(agent.tail())
         path.write_text("\n".join(sections) + "\n")
         self.outcome.stalls.append(f"after {action}: {path}")
@@ -440,6 +461,9 @@ def report(outcome: Outcome, plan: ChaosPlan, figures: Figures) -> None:
         figures["member faults aimed at the leader"] = outcome.leader_hits
     if outcome.member_rejoins:
         figures["slowest member rejoin (s)"] = round(max(outcome.member_rejoins), 1)
+    figures["of which on agents outside the current round (no new round required)"] = dict(
+        outcome.outside
+    )
     figures["agents live before each fault"] = dict(sorted(outcome.live_seen.items()))
     figures["rounds completed"] = len(complete)
     figures["rounds never completed (a member died first)"] = len(outcome.rounds.by_port) - len(
