@@ -228,7 +228,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
             command = machine.start(self._clock.now())
             try:
                 while not isinstance(command, m.Finish | m.Fail):
+                    logger.debug("rendezvous node %d: %s", self._node, command)
                     event = await self._guarded(self._execute(command))
+                    logger.debug("rendezvous node %d: %s", self._node, event)
                     command = machine.send(event, self._clock.now())
             except BaseException:
                 with anyio.CancelScope(shield=True):
@@ -335,7 +337,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             case m.Publish(round_, value):
                 stored = await store.compare_set(m.result_key(round_), b"", value)
                 if stored == value:
-                    await store.set(m.LATEST_KEY, str(round_))
+                    await self._advance_latest(round_)
                 return m.Published(stored)
             case m.AwaitJoins(round_, deadline, lapsed):
                 wait = functools.partial(self._await_joins, round_, lapsed)
@@ -352,6 +354,22 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 sealed = await store.get_prefix(m.result_key(round_))
                 return m.Withdrawn(sealed.items.get(m.result_key(round_)), live)
         raise AssertionError(f"not a store command: {command!r}")  # pragma: no cover
+
+    async def _advance_latest(self, round_: int) -> None:
+        """Move ``state/latest`` forward to ``round_``, never back: a sealer stopped (SIGSTOP)
+        after it sealed a round may publish it after later rounds were sealed."""
+        store = self._store
+        assert store is not None
+        desired = str(round_).encode()
+        expected = str(round_ - 1).encode() if round_ > 1 else b""  # one call, usually
+        while True:
+            stored = await store.compare_set(m.LATEST_KEY, expected, desired)
+            if stored == expected:  # the key is missing: nothing was compared
+                expected = b""
+            elif stored == desired or int(stored) > round_:
+                return
+            else:
+                expected = stored
 
     async def _await_joins(self, round_: int, lapsed: frozenset[int]) -> bool:
         """Return once the round changed or a lapsed joiner's liveness key is back."""

@@ -1,9 +1,11 @@
 """The elastic rendezvous algorithm: a pure state machine (no I/O, no clock; ``now`` is passed in).
 
 Theory of operation. Rounds are numbered 1, 2, ...; a node joins the round after the last
-sealed one. It writes its join record, then bumps the round's arrival counter: the value the
-counter returns is the node's arrival number ``i``, and every node that arrived before it has
-already written its record. Nobody watches the arrivals except in the rare recovery case below;
+sealed one (``state/latest``, which only moves forward), or after the last round it completed
+itself if that is later: the sealer that advances ``state/latest`` may have died first. It
+writes its join record, then bumps the round's arrival counter: the value the counter returns
+is the node's arrival number ``i``, and every node that arrived before it has already written
+its record. Nobody watches the arrivals except in the rare recovery case below;
 each joined node waits for one key, the round's *result*, which is written once with
 compare-and-set, so every node of a round reads the same sealed outcome:
 
@@ -338,7 +340,8 @@ class ReadCandidates:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """Compare-and-set the result from empty; if it was stored, advance ``state/latest``.
+    """Compare-and-set the result from empty; if it was stored, advance ``state/latest`` to
+    ``round`` unless it is there or beyond already (it never moves back).
 
     -> :class:`Published` with the value now stored (ours or an earlier one).
     """
@@ -484,7 +487,7 @@ class JoinMachine:
             case StateRead(latest, closed):
                 if closed:
                     return self._fail(Phase.CLOSED)
-                return self._announce(latest + 1)
+                return self._announce(max(latest, self.previous[0]) + 1)
             case Announced():
                 self.phase = Phase.COUNTING
                 return Count(self.round)
