@@ -53,7 +53,7 @@ from aioelastic.agent._events import (
     ShutdownRequested,
 )
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup, first_of, unwrap_single_error
-from aioelastic.agent._guardian import Guardian
+from aioelastic.agent._guardian import Guardian, guardian_for
 from aioelastic.agent._logs import console_writer
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
@@ -88,6 +88,8 @@ class ElasticAgent:
     and SIGQUIT; an embedding program usually cancels instead). Worker output goes to
     ``stdout``/``stderr`` (binary streams; default the process's own). ``on_watchdog_event``
     receives the watchdog's own timer events (acquired, released, expired, reaped, ...).
+    The agent starts a guardian for its workers' processes (see ``_guardian.py``) unless given
+    a running one (``aioelastic run`` starts it first, to overlap its start with imports).
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class ElasticAgent:
         stdout: IO[bytes] | None = None,
         stderr: IO[bytes] | None = None,
         on_watchdog_event: Callable[[TimerEvent], None] | None = None,
+        guardian: Guardian | None = None,
     ) -> None:
         self.spec = spec
         self._on_watchdog_event = on_watchdog_event
@@ -117,6 +120,7 @@ class ElasticAgent:
         self._final: RunResult | None = None
         self._owned_group: TaskGroup | None = None
         self._group: WorkerGroup | None = None
+        self._given_guardian = guardian
         self._guardian: Guardian | None = None
         self._timer_file: str | None = None
         self._private_dir = ""
@@ -209,7 +213,9 @@ class ElasticAgent:
         ):
             self._private_dir = private
             async with (
-                Guardian(grace=self.spec.shutdown_timeout) as self._guardian,
+                guardian_for(
+                    self._given_guardian, grace=self.spec.shutdown_timeout
+                ) as self._guardian,
                 anyio.create_task_group() as tg,
             ):
                 if self._shutdown_signals:

@@ -33,7 +33,8 @@ import os
 import signal
 import subprocess
 import sys
-from contextlib import suppress
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Self
 
@@ -49,6 +50,16 @@ EXIT_TIMEOUT = 5.0
 """How long a clean agent exit waits for its guardian to leave before killing it."""
 
 _UNPROTECTED = "processes started by workers will outlive an agent killed with SIGKILL"
+
+
+@asynccontextmanager
+async def guardian_for(given: Guardian | None, *, grace: float) -> AsyncIterator[Guardian]:
+    """``given`` as it is (its owner closes it), or a guardian of our own for the block."""
+    if given is not None:
+        yield given
+        return
+    async with Guardian(grace=grace) as own:
+        yield own
 
 
 class Guardian(AsyncResource):

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from aioelastic.agent._agent import ElasticAgent
     from aioelastic.agent._events import AgentEvent
+    from aioelastic.agent._guardian import Guardian
     from aioelastic.agent._spec import LogSpec
 
 PROG = "aioelastic run"
@@ -225,6 +226,14 @@ class SignalRouter:
 
 async def launch(config: LaunchConfig) -> int:
     """Rendezvous, run the agent, print the failure report; return the exit status."""
+    from aioelastic.agent._guardian import Guardian
+
+    # Started first: the guardian's interpreter starts on another core while this one imports.
+    async with Guardian(grace=config.shutdown_timeout) as guardian:
+        return await _run(config, guardian)
+
+
+async def _run(config: LaunchConfig, guardian: Guardian) -> int:
     from aioelastic.agent._agent import ElasticAgent
     from aioelastic.agent._errors import AgentError, WorkerSpecError
     from aioelastic.agent._group import unwrap_single_error
@@ -280,6 +289,7 @@ async def launch(config: LaunchConfig) -> int:
                         spec,
                         on_event=ConsoleReporter(),
                         on_watchdog_event=events.publisher("timer"),
+                        guardian=guardian,
                     )
                     events.attach(router.agent, "agent")
                     result = await router.agent.run()
