@@ -286,7 +286,6 @@ class TCPStore(Store):
         self._calls: dict[int, _Call] = {}
         self._next_id = 0
         self._connection: _Connection | None = None
-        self._connected: anyio.Event | None = None
         self._fatal: StoreError | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -309,8 +308,6 @@ class TCPStore(Store):
             self._new_signal, self._now = partial(_FutureSignal, loop), loop.time
         connection = await self._connect(self.connect_timeout)
         self._connection = connection
-        self._connected = anyio.Event()
-        self._connected.set()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         task_group.start_soon(self._supervise, connection)
@@ -397,7 +394,6 @@ class TCPStore(Store):
             await connection.run()
             log.info("store %s: connection lost", self.endpoint)
             self._connection = None
-            self._connected = anyio.Event()
             await connection.aclose()
             for call in list(self._calls.values()):
                 if call.sent_on is connection and call.op in _UNSAFE_TO_RESEND:
@@ -408,11 +404,11 @@ class TCPStore(Store):
                     )
             connection = await self._reconnect(connection.epoch)
             self._connection = connection
+            # Calls made since the drop wait unsent (sent_on None); send them with the re-sends.
             for call in list(self._calls.values()):
-                if call.sent_on is not None and not call.done:
+                if not call.done:
                     call.sent_on = connection
                     await connection.send(call.frame)
-            self._connected.set()
 
     async def _reconnect(self, epoch: int) -> _Connection:
         """Connect again (forever, backing off); fail pending calls if that takes too long."""
@@ -490,26 +486,23 @@ class TCPStore(Store):
         bound = self.timeout if wait is None else wait + _REPLY_GRACE
         deadline = self._now() + bound
         try:
-            while call.sent_on is None and not call.done:
-                connection = self._connection
-                if connection is None:
-                    if not await self._wait_connected(deadline):
-                        break
-                    continue
+            connection = self._connection
+            if connection is None:
+                self._check_reachable()  # else the supervisor sends it once reconnected
+            else:
                 # Marked before sending: the reply may be routed before send() returns.
                 call.sent_on = connection
                 try:
                     await connection.send(frame)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    if call.sent_on is not connection or call.done:
-                        continue  # the supervisor already re-sent or failed it
-                    if op in _UNSAFE_TO_RESEND:
-                        raise StoreOutcomeUnknownError(
-                            self.endpoint, op.name.lower(), subject
-                        ) from None
-                    call.sent_on = None
-                    if not await self._wait_connected(deadline):
-                        break
+                    # Unless the supervisor already re-sent or failed it, leave it unsent: the
+                    # supervisor sends it once reconnected.
+                    if call.sent_on is connection and not call.done:
+                        if op in _UNSAFE_TO_RESEND:
+                            raise StoreOutcomeUnknownError(
+                                self.endpoint, op.name.lower(), subject
+                            ) from None
+                        call.sent_on = None
             if not call.done:
                 await call.signal.wait(deadline)
         except anyio.get_cancelled_exc_class():
@@ -527,24 +520,14 @@ class TCPStore(Store):
             )
         return self._check_reply(call.reply)
 
-    async def _wait_connected(self, deadline: float) -> bool:
-        """Wait for a connection; return False if the call's ``deadline`` came first.
+    def _check_reachable(self) -> None:
+        """Fail at once if reconnecting has already failed for ``connect_timeout``.
 
-        Once reconnecting has already taken longer than ``connect_timeout``, calls fail at once
-        (the supervisor keeps trying; a call made after the server is back goes through).
+        The supervisor keeps trying; a call made once the server is back goes through.
         """
         if self._unreachable is not None:
             reason = f"not connected: {self._unreachable}; still retrying in the background"
             raise StoreConnectionError(self.endpoint, reason)
-        connected = self._connected
-        assert connected is not None
-        with anyio.move_on_after(self.connect_timeout):
-            with anyio.CancelScope(deadline=deadline):
-                await connected.wait()
-            return connected.is_set()
-        raise StoreConnectionError(
-            self.endpoint, f"not connected; could not reconnect within {self.connect_timeout:g} s"
-        )
 
     async def _withdraw(self, call: _Call, request_id: int) -> None:
         """Tell the server to drop a waiting request whose caller was cancelled."""
