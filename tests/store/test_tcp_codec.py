@@ -136,6 +136,14 @@ def test_oversized_frame_is_refused_before_its_body_arrives() -> None:
         reader.feed(struct.pack(">I", 1025))
 
 
+def test_oversized_frame_names_its_request_id_once_its_header_arrived() -> None:
+    """With the header in hand, the refusal names the request, so only that call fails."""
+    reader = FrameReader(max_frame_size=1024)
+    with pytest.raises(StoreProtocolError, match="a frame of 2000 bytes exceeds") as caught:
+        reader.feed(struct.pack(">IBI", 2000, Status.SNAPSHOT, 42))
+    assert caught.value.request_id == 42
+
+
 def test_unknown_operation_names_its_request_id() -> None:
     """An unknown op code is refused with the request id, so the server can answer it."""
     with pytest.raises(StoreProtocolError, match="unknown operation 99") as caught:
