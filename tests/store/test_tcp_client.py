@@ -13,8 +13,18 @@ from aioelastic.store import (
     StoreClosedError,
     StoreConnectionError,
     StoreOutcomeUnknownError,
+    StoreProtocolError,
     TCPStore,
     TCPStoreServer,
+)
+from aioelastic.store._tcp_codec import (
+    PREAMBLE_SIZE,
+    FrameReader,
+    Op,
+    Request,
+    Status,
+    decode_request,
+    encode_reply,
 )
 from aioelastic.testing import ManualClock
 from tests.store.conftest import Parked
@@ -249,3 +259,34 @@ async def test_calls_fail_at_once_while_the_server_stays_unreachable(clock: Manu
             with pytest.raises(StoreConnectionError, match="still retrying in the background"):
                 await store.set("k", b"v")
     assert len(errors) == 1
+
+
+async def test_malformed_reply_fails_only_its_call() -> None:
+    """A reply that does not decode fails its call with StoreProtocolError, not a re-send loop."""
+    requests: list[Request] = []
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        reader = FrameReader()
+        async with stream:
+            preamble = b""
+            while len(preamble) < PREAMBLE_SIZE:
+                preamble += await stream.receive(PREAMBLE_SIZE - len(preamble))
+            async for chunk in stream:
+                for body in reader.feed(chunk):
+                    request = decode_request(body)
+                    requests.append(request)
+                    if request.op is Op.HELLO:
+                        await stream.send(encode_reply(Status.WELCOME, 0, 1, 1 << 20))
+                    else:  # an INT reply whose integer is not decimal
+                        bad = encode_reply(Status.BYTES, request.request_id, b"x")
+                        await stream.send(bad[:4] + bytes([Status.INT]) + bad[5:])
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        async with TCPStore("127.0.0.1", port, timeout=30) as store:
+            with pytest.raises(StoreProtocolError, match=r"reply to add\('n'\) could not be read"):
+                await store.add("n", 1)
+        tg.cancel_scope.cancel()
+    assert [request.op for request in requests].count(Op.ADD) == 1
