@@ -196,27 +196,6 @@ def _list_writer(write_item: Writer) -> Writer:
     return write
 
 
-_WRITERS: dict[str, Writer] = {
-    "s": _write_str,
-    "b": _write_bytes,
-    "n": _write_number,
-    "i": _write_i64,
-    "f": _write_f64,
-    "F": _write_optional_f64,
-    "?": _write_bool,
-    "S": _list_writer(_write_str),
-    "B": _list_writer(_write_bytes),
-}
-
-
-def _writers(layout: str) -> tuple[Writer, ...]:
-    return tuple(_WRITERS[code] for code in layout)
-
-
-_REQUEST_WRITERS = {op: _writers(layout) for op, layout in REQUEST_FIELDS.items()}
-_REPLY_WRITERS = {status: _writers(layout) for status, layout in REPLY_FIELDS.items()}
-
-
 def _encode(
     kind: int, request_id: int, writers: tuple[Writer, ...], fields: Sequence[Field]
 ) -> bytes:
@@ -343,23 +322,30 @@ def _list_reader(read_item: Reader) -> Reader:
     return read
 
 
-_READERS: dict[str, Reader] = {
-    "s": _read_str,
-    "b": _read_bytes,
-    "n": _read_number,
-    "i": _read_i64,
-    "f": _read_f64,
-    "F": _read_optional_f64,
-    "?": _read_bool,
-    "S": _list_reader(_read_str),
-    "B": _list_reader(_read_bytes),
+_FIELD_CODECS: dict[str, tuple[Writer, Reader]] = {
+    "s": (_write_str, _read_str),
+    "b": (_write_bytes, _read_bytes),
+    "n": (_write_number, _read_number),
+    "i": (_write_i64, _read_i64),
+    "f": (_write_f64, _read_f64),
+    "F": (_write_optional_f64, _read_optional_f64),
+    "?": (_write_bool, _read_bool),
+    "S": (_list_writer(_write_str), _list_reader(_read_str)),
+    "B": (_list_writer(_write_bytes), _list_reader(_read_bytes)),
 }
+"""Each field code's writer and reader."""
+
+
+def _writers(layout: str) -> tuple[Writer, ...]:
+    return tuple(_FIELD_CODECS[code][0] for code in layout)
 
 
 def _readers(layout: str) -> tuple[Reader, ...]:
-    return tuple(_READERS[code] for code in layout)
+    return tuple(_FIELD_CODECS[code][1] for code in layout)
 
 
+_REQUEST_WRITERS = {op: _writers(layout) for op, layout in REQUEST_FIELDS.items()}
+_REPLY_WRITERS = {status: _writers(layout) for status, layout in REPLY_FIELDS.items()}
 _REQUEST_READERS = {op.value: (op, _readers(layout)) for op, layout in REQUEST_FIELDS.items()}
 _REPLY_READERS = {
     status.value: (status, _readers(layout)) for status, layout in REPLY_FIELDS.items()

@@ -27,14 +27,14 @@ import math
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self, cast
+from typing import cast
 
 import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
 from aioelastic._clock import Clock
+from aioelastic._service import Service
 from aioelastic.store._errors import (
     StoreClosedError,
     StoreProtocolError,
@@ -105,7 +105,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class TCPStoreServer:
+class TCPStoreServer(Service):
     """Serves a :class:`MemoryStore` over TCP to :class:`aioelastic.store.TCPStore` clients.
 
     ``port=0`` picks a free port; :attr:`port` reports it once serving. With ``token``, a client
@@ -131,7 +131,6 @@ class TCPStoreServer:
         self.epoch = secrets.randbits(63)
         self._token = token.encode() if isinstance(token, str) else token
         self._port: int | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
         self._waits: anyio.abc.TaskGroup | None = None
         self._connections = 0
         self._connections_total = 0
@@ -219,29 +218,6 @@ class TCPStoreServer:
             self._listening(listener.extra(SocketAttribute.local_port))
             task_status.started(self.port)
             await listener.serve(self._serve_stream)
-
-    async def __aenter__(self) -> Self:
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        try:
-            await task_group.start(self.serve)
-        except BaseException as error:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(type(error), error, error.__traceback__)
-            raise
-        self._task_group = task_group
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task_group, self._task_group = self._task_group, None
-        if task_group is not None:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(exc_type, exc, tb)
 
     async def _serve_stream(self, stream: anyio.abc.SocketStream) -> None:
         lock = anyio.Lock()
