@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
 from typing import Any
@@ -151,6 +152,40 @@ async def test_a_killed_nodes_lease_expiry_invalidates_the_survivors_round(
                 victim.kill()
                 verdicts = [await s.wait_round_invalidated() for s in survivors]
         assert {v.reason for v in verdicts} == {InvalidationReason.PARTICIPANT_LOST}
+
+
+@one_loop
+async def test_a_paused_member_does_not_make_its_nodes_look_dead(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    """A node whose etcd member is paused (SIGSTOP) keeps its liveness key fresh through the
+    other members, so its round stays valid over more than a heartbeat timeout."""
+    leader = await anyio.to_thread.run_sync(etcd_cluster.leader)
+    paused = next(m for m in etcd_cluster.members if m is not leader)
+    others = ",".join(m.endpoint for m in etcd_cluster.members if m is not paused)
+    # One node starts on the member to be paused, the other (which watches it) elsewhere.
+    handlers = [
+        get_rendezvous_handler(params(endpoints, "paused", 2, **FAST_LIVENESS))
+        for endpoints in (f"{paused.endpoint},{others}", f"{others},{paused.endpoint}")
+    ]
+    events: list[object] = []
+    async with handlers[0], handlers[1], EtcdStore(others, prefix="/aioelastic/") as reader:
+        for handler in handlers:
+            handler.subscribe(events.append)
+        with anyio.fail_after(60):
+            await form(handlers)
+            completed = len(events)
+            revision = (await reader.get_prefix("rdzv/paused/node/")).revision
+            paused.signal(signal.SIGSTOP)
+            try:
+                # 8 rewrites of the two liveness keys (keep-alive every 1 s) outlast the 3 s
+                # heartbeat timeout; with 5 s attempts a key lapsed and the round was lost.
+                for _ in range(8):
+                    revision = await reader.wait_for_change("rdzv/paused/node/", after=revision)
+            finally:
+                paused.signal(signal.SIGCONT)
+        during = events[completed:]
+    assert during == []
 
 
 @one_loop
