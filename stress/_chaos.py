@@ -33,6 +33,7 @@ from typing import TextIO
 
 import anyio
 import anyio.abc
+import grpc
 import pytest
 
 from aioelastic.store._etcd_process import EtcdCluster, EtcdMember
@@ -207,8 +208,12 @@ class MemberFaults:
             return
         victim = rng.choice(self.cluster.members)
         if rng.random() < 0.5:
-            victim = await anyio.to_thread.run_sync(self.cluster.leader)
-            outcome.leader_hits += 1
+            try:
+                victim = await anyio.to_thread.run_sync(self.cluster.leader)
+            except (RuntimeError, grpc.RpcError):
+                pass  # mid-election: the random member it is
+            else:
+                outcome.leader_hits += 1
         if rng.random() < 0.5:
             await anyio.to_thread.run_sync(victim.kill)
             self.down = victim
