@@ -310,6 +310,15 @@ class RendezvousModel(RuleBasedStateMachine):
             assert members[rank] == node
 
     @invariant()
+    def nodes_complete_rounds_in_order(self) -> None:
+        """A node completes each round once, and a later round after an earlier one, even when
+        ``state/latest`` writes land late and out of order."""
+        last: dict[int, int] = {}
+        for node, round_, _, _ in self.completions:
+            assert round_ > last.get(node, 0), f"node {node} completed round {round_} again"
+            last[node] = round_
+
+    @invariant()
     def previous_members_keep_their_rank(self) -> None:
         """A member of round k-1 in round k keeps its rank when it is below the new size."""
         results = {
