@@ -160,5 +160,6 @@ class Store(abc.ABC):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
+    ) -> bool | None:  # a store serving in its own task group returns what the group does
         await self.aclose()
+        return None

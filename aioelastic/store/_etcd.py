@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from aioelastic._service import Service
 from aioelastic._subscribers import Subscribers
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._errors import (
@@ -160,7 +161,7 @@ def _range_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
-class EtcdStore(Store):
+class EtcdStore(Service, Store):
     """A :class:`Store` kept in an etcd v3 cluster (asyncio only: its gRPC client is).
 
     ``endpoints`` is ``"host:port[,host:port...]"`` or a list; ``prefix`` separates jobs.
@@ -229,7 +230,6 @@ class EtcdStore(Store):
             logger, "etcd store event", on_event
         )
         self._counts = {"failovers": 0, "leases_lost": 0, "resumed": 0, "checks": 0}
-        self._task_group: TaskGroup | None = None
         self._serving = False
         self._closed = False
 
@@ -238,18 +238,6 @@ class EtcdStore(Store):
     @property
     def endpoint(self) -> str:
         return self._endpoint
-
-    async def __aenter__(self) -> EtcdStore:
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        try:
-            await task_group.start(self.serve)
-        except BaseException:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
-            raise
-        self._task_group = task_group
-        return self
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Connect, grant the session lease, report ready, then keep the lease alive.
@@ -277,18 +265,20 @@ class EtcdStore(Store):
                     await self._revoke_session()
                 await self._conn.aclose()
 
+    def _stop_serving(self, group: TaskGroup) -> None:
+        self._closed = True  # a store is used once: leaving ``async with`` closes it
+        super()._stop_serving(group)
+
     async def aclose(self) -> None:
         """Stop the keepalive task, revoke the session lease and close the channels."""
         self._closed = True
-        task_group, self._task_group = self._task_group, None
-        if task_group is not None:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
+        if self._service_group is not None:
+            await Service.__aexit__(self, None, None, None)
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"the etcd store {self._endpoint} was closed; create a new one")
-        if not self._serving and self._task_group is not None:
+        if not self._serving and self._service_group is not None:
             raise StoreClosedError(f"the etcd store {self._endpoint} stopped serving")
 
     def _tasks(self) -> TaskGroup:
