@@ -34,7 +34,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Self
@@ -42,7 +42,13 @@ from typing import Self
 import anyio
 from anyio.abc import AsyncResource
 
-from aioelastic.agent._guardian_main import BYE, register_line, unregister_line
+from aioelastic.agent._guardian_main import (
+    BYE,
+    SPAWNING,
+    TOKEN_VARIABLE,
+    register_line,
+    unregister_line,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +78,8 @@ class Guardian(AsyncResource):
 
     def __init__(self, *, grace: float) -> None:
         self.grace = grace
+        self.token = os.urandom(8).hex()
+        """Given to each worker as ``AIOELASTIC_GUARDIAN_TOKEN``: marks what is the agent's."""
         self._process: subprocess.Popen[bytes] | None = None
         self._pidfd: int | None = None
         self._pipe: int | None = None
@@ -97,7 +105,7 @@ class Guardian(AsyncResource):
         read_end, write_end = os.pipe()  # not inheritable: only the guardian's stdin is passed
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", PROGRAM, repr(self.grace)],
+                [sys.executable, "-I", "-S", PROGRAM, repr(self.grace), self.token],
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -116,6 +124,11 @@ class Guardian(AsyncResource):
             os.close(read_end)
         os.set_blocking(write_end, False)
         return write_end
+
+    def spawning(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Announce a worker about to start; return its ``env`` with the agent's token."""
+        self._send(SPAWNING)
+        return {**env, TOKEN_VARIABLE: self.token}
 
     def register(self, pgid: int) -> None:
         """Protect process group ``pgid`` (a worker that just started)."""

@@ -96,7 +96,7 @@ class WorkerProcess:
         try:
             popen = subprocess.Popen(
                 [*die_with_agent_prefix(), program, *argv[1:]],
-                env=dict(env),
+                env=dict(env) if guardian is None else guardian.spawning(env),
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,

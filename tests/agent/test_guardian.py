@@ -23,6 +23,8 @@ from aioelastic.agent._guardian import PROGRAM, Guardian
 from aioelastic.agent._guardian_main import (
     BYE,
     MAX_PGID,
+    SPAWNING,
+    TOKEN_VARIABLE,
     Registry,
     register_line,
     unregister_line,
@@ -44,7 +46,7 @@ pytestmark = pytest.mark.anyio
 
 PGIDS = st.integers(2, 6)
 OPS = st.lists(st.tuples(st.sampled_from("+-"), PGIDS), max_size=30)
-VALID = re.compile(rb"[+-][0-9]+|bye")
+VALID = re.compile(rb"[+-][0-9]+|bye|\*")
 GARBAGE = st.binary(max_size=12).filter(lambda b: b"\n" not in b and not VALID.fullmatch(b))
 
 
@@ -102,6 +104,13 @@ def test_after_bye_nothing_is_signalled_and_later_lines_are_ignored(
     assert registry.groups == model(before)
 
 
+def test_a_worker_being_started_is_pending_until_its_group_is_registered() -> None:
+    """'*' announces a start; the next registration settles it (so the guardian knows to look)."""
+    registry = Registry()
+    registry.feed(SPAWNING + SPAWNING + register_line(7))
+    assert (registry.spawning, registry.to_signal()) == (1, {7})
+
+
 @pytest.mark.parametrize(
     "line", [b"+0", b"+1", b"-1", b"+-5", b"+ 5", b"+5.0", b"+%d" % (MAX_PGID + 1), b"BYE", b"+"]
 )
@@ -114,6 +123,7 @@ def test_ids_that_are_not_a_workers_group_are_rejected(line: bytes) -> None:
 
 # -- the guardian program, driven directly ---------------------------------------------------
 
+TOKEN = "test-token"
 LEADER = """
 import signal, subprocess, sys, time
 if sys.argv[1:] == ["ignore-sigterm"]:
@@ -150,8 +160,10 @@ class Group:
 
 
 def start_leader(flag: str, stdout: int) -> subprocess.Popen[bytes]:
+    """``flag``: '', 'ignore-sigterm', or 'token' (the guardian's token in its environment)."""
+    env = {**os.environ, TOKEN_VARIABLE: TOKEN} if flag == "token" else None
     argv = [sys.executable, "-c", LEADER, *([flag] if flag else [])]
-    return subprocess.Popen(argv, stdout=stdout, start_new_session=True)
+    return subprocess.Popen(argv, stdout=stdout, start_new_session=True, env=env)
 
 
 @contextlib.asynccontextmanager
@@ -182,7 +194,9 @@ def guardian_program(grace: float) -> Iterator[tuple[subprocess.Popen[bytes], in
     """The guardian program and the write end of its pipe (the agent's side)."""
     read_end, write_end = os.pipe()
     process = subprocess.Popen(
-        [sys.executable, "-I", "-S", PROGRAM, repr(grace)], stdin=read_end, start_new_session=True
+        [sys.executable, "-I", "-S", PROGRAM, repr(grace), TOKEN],
+        stdin=read_end,
+        start_new_session=True,
     )
     os.close(read_end)
     try:
@@ -208,6 +222,18 @@ async def test_dead_agent_groups_get_sigterm_then_sigkill_and_unregistered_are_s
             assert guardian.wait() == 0
         assert spared.alive()
         os.kill(spared.grandchild, 0)  # still there: raises ProcessLookupError otherwise
+
+
+async def test_a_worker_the_agent_died_starting_is_found_by_its_token() -> None:
+    """Announced but never registered (agent killed mid-start): its token carriers are stopped."""
+    async with groups("token", "") as (orphan, stranger):
+        with guardian_program(grace=0.2) as (guardian, pipe):
+            os.write(pipe, SPAWNING)
+            os.close(pipe)
+            with anyio.fail_after(BOUND):
+                await wait_gone(guardian.pid)
+                assert await orphan.wait() == -signal.SIGTERM
+        assert stranger.alive()  # no token, never registered: not the guardian's
 
 
 async def test_after_bye_the_guardian_exits_and_signals_nothing() -> None:

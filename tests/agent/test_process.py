@@ -14,7 +14,7 @@ import pytest
 
 from aioelastic.agent import WorkerSpawnError
 from aioelastic.agent._guardian import Guardian
-from aioelastic.agent._guardian_main import register_line, unregister_line
+from aioelastic.agent._guardian_main import SPAWNING, register_line, unregister_line
 from aioelastic.agent._process import WorkerProcess, die_with_agent_prefix
 from tests.agent.conftest import BOUND, read_line, wait_gone
 
@@ -158,17 +158,21 @@ class RecordingGuardian(Guardian):
 
     def __init__(self) -> None:
         super().__init__(grace=1.0)
-        self.told: list[tuple[bytes, bool]] = []
+        self.told: list[tuple[bytes, bool | None]] = []
 
     def _send(self, line: bytes) -> None:
-        self.told.append((line, pinned(int(line[1:]))))
+        self.told.append((line, pinned(int(line[1:])) if line[1:-1] else None))
         super()._send(line)
 
 
 async def test_worker_group_is_registered_then_unregistered_while_its_id_is_pinned() -> None:
-    """The guardian hears of a worker's group at start, and forgets it before the reap."""
+    """The guardian hears of a starting worker, then its group; it forgets it before the reap."""
     async with RecordingGuardian() as guardian:
         worker = WorkerProcess.spawn([sys.executable, "-c", "pass"], os.environ, guardian=guardian)
         with anyio.fail_after(BOUND):
             assert await worker.watch() == 0
-    assert guardian.told == [(register_line(worker.pid), True), (unregister_line(worker.pid), True)]
+    assert guardian.told == [
+        (SPAWNING, None),
+        (register_line(worker.pid), True),
+        (unregister_line(worker.pid), True),
+    ]
