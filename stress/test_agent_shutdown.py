@@ -121,10 +121,15 @@ async def one_trial(tmp: Path, signum: signal.Signals, point: str) -> tuple[int,
     known = {int(pid) for pair in pairs for pid in pair}
     workers = await wait_gone([int(w) for w, _ in pairs], 30)
     children = await wait_gone([int(c) for _, c in pairs], 30)
-    others = await wait_gone(
-        [pid for pid in marked(f"AIOELASTIC_SHUTDOWN_TRIAL={trial}") if pid not in known], 30
-    )
-    for pid in workers + children + others:
+    others: set[int] = set()
+    while found := [p for p in marked(f"AIOELASTIC_SHUTDOWN_TRIAL={trial}") if p not in known]:
+        # Until a scan finds none: a process found may start others before it exits.
+        left = await wait_gone(found, 30)
+        others.update(left)
+        known.update(found)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    for pid in workers + children:
         os.kill(pid, signal.SIGKILL)
     return len(workers), len(children), len(others)
 
