@@ -10,18 +10,23 @@ only, run with ``python -I -S``) reading a pipe from the agent. Spawning it cost
 about 0.4 ms; its own start-up (about 10 ms of CPU) runs on another core, and ``aioelastic
 run`` starts it before importing the agent so that it overlaps with those imports. The agent
 registers each worker's process group as the worker starts and unregisters it right after its
-own SIGKILL to the group, while the worker's unreaped zombie still pins the group id. When
-the pipe ends without a clean ``bye``, the agent is dead: the guardian SIGTERMs every group
-still registered and SIGKILLs what is left after the grace period (``shutdown_timeout``).
+own SIGKILL to the group, while the worker's unreaped zombie still pins the group id. Each
+worker also carries the agent's random token in ``AIOELASTIC_GUARDIAN_TOKEN`` (inherited by
+what it starts). When the pipe ends without a clean ``bye``, the agent is dead: the guardian
+SIGTERMs every group still registered and every process carrying the token, and SIGKILLs what
+is left after the grace period (``shutdown_timeout``). The token covers the worker the agent
+was starting when it died (announced with ``*`` but not registered; its ``setpriv`` may have
+armed the parent-death signal too late) and processes that left their worker's group.
 
 Shape: the guardian is not tied to the agent by a parent-death signal (outliving it is its
 job); it leads its own session, so a terminal's Ctrl-C or a signal to the agent's process
 group does not reach it; its stdout and stderr are /dev/null, so it never holds the agent's
 output pipes open; the pipe's write end is close-on-exec, so no worker holds it either.
 
-Limits: a process that leaves its worker's group (``setsid()``, ``setpgid()``) escapes both
-the agent's ``killpg`` and the guardian; only a cgroup per agent (a systemd scope, a
-container) contains everything. Group ids are only ever signalled while registered; a
+Limits: a process that both leaves its worker's group (``setsid()``, ``setpgid()``) and drops
+the token from its environment escapes; so does one started after the guardian's last scan by
+a process it could not see. Only a cgroup per agent (a systemd scope, a container) contains
+everything. Group ids are only ever signalled while registered; a
 recycled id could be hit only if the agent dies between its own SIGKILL to a group and the
 unregister line, and the id is reused within the guardian's reaction. If the guardian cannot
 start, or dies, the agent warns and runs on without it.
