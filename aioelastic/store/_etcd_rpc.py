@@ -11,7 +11,6 @@ only re-sends calls marked idempotent).
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -26,11 +25,6 @@ from aioelastic.store._errors import (
     StoreError,
     StoreRefusedError,
 )
-
-# grpc's fork handlers make children forked while its threads run crash (SIGSEGV) when the
-# child runs Python before exec, as the agent's workers do (preexec_fn). This process only
-# forks to exec, so turn them off (before grpc is imported) unless the user chose otherwise.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 _IMPORT_ERROR: ImportError | None = None
 try:
