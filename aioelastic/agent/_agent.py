@@ -31,12 +31,12 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, TYPE_CHECKING, Self
+from typing import IO, TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from aioelastic._service import Service
 from aioelastic._subscribers import Subscribers
 from aioelastic.agent._env import NodeSlot, RoundInfo, WorkerRanks, assign_ranks
 from aioelastic.agent._errors import AgentStateError
@@ -76,7 +76,7 @@ EventCallback = Callable[[AgentEvent], None]
 _STORE_PREFIX = "aioelastic/agent/"
 
 
-class ElasticAgent:
+class ElasticAgent(Service):
     """Runs one node's workers of an elastic job (torch's ``LocalElasticAgent``, event-driven).
 
     ```python
@@ -118,7 +118,6 @@ class ElasticAgent:
         self._kill_now: anyio.Event | None = None
         self._finished: anyio.Event | None = None
         self._final: RunResult | None = None
-        self._owned_group: TaskGroup | None = None
         self._group: WorkerGroup | None = None
         self._given_guardian = guardian
         self._guardian: Guardian | None = None
@@ -166,25 +165,10 @@ class ElasticAgent:
         if self._main_scope is not None:
             self._main_scope.cancel()
 
-    async def __aenter__(self) -> Self:
-        """Start :meth:`run` in the background; leaving the block stops it (SIGTERM first)."""
-        group = anyio.create_task_group()
-        await group.__aenter__()
-        self._owned_group = group
-        await group.start(self.serve)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        group, self._owned_group = self._owned_group, None
-        assert group is not None, "the agent was exited without being entered"
+    def _stop_serving(self, group: TaskGroup) -> None:
+        """Leaving ``async with`` stops the run gracefully (SIGTERM to the workers first)."""
         if self._final is None:
             self.request_stop(signal.SIGTERM)
-        return await group.__aexit__(exc_type, exc, tb)
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run inside the caller's task group: ``await tg.start(agent.serve)``; see :meth:`wait`."""
