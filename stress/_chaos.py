@@ -47,6 +47,7 @@ print("JOIN " + json.dumps({k: os.environ[k] for k in keys}), flush=True)
 threading.Event().wait()
 """
 FAULTS_ENV = "AIOELASTIC_CHAOS_FAULTS"
+SEED_ENV = "AIOELASTIC_CHAOS_SEED"
 """Overrides the number of faults of every chaos plan (for a short trial run)."""
 REJOIN_BOUND = 60.0
 """Seconds a restarted etcd member has to serve linearizable reads again."""
@@ -70,6 +71,11 @@ class ChaosPlan:
 def faults(default: int) -> int:
     """``default``, unless :data:`FAULTS_ENV` asks for another number of faults."""
     return int(os.environ.get(FAULTS_ENV, default))
+
+
+def seed(default: int) -> int:
+    """``default``, unless :data:`SEED_ENV` asks for another random seed (to try more runs)."""
+    return int(os.environ.get(SEED_ENV, default))
 
 
 @dataclass(frozen=True, slots=True)

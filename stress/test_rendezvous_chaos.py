@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from stress._chaos import Chaos, ChaosPlan, Store, faults, report
+from stress._chaos import Chaos, ChaosPlan, Store, faults, report, seed
 from stress.conftest import Figures
 from stress.test_store_restart import free_port, kill_server, start_server
 
-PLAN = ChaosPlan(faults=faults(200), min_live=4, max_live=16, seed=11)
+PLAN = ChaosPlan(faults=faults(200), min_live=4, max_live=16, seed=seed(11))
 
 
 @pytest.fixture

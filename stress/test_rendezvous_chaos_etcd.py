@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from aioelastic.store._etcd_process import EtcdCluster
-from stress._chaos import Chaos, ChaosPlan, MemberFaults, Store, faults, report
+from stress._chaos import Chaos, ChaosPlan, MemberFaults, Store, faults, report, seed
 from stress.conftest import Figures
 from tests.etcd_fixtures import etcd_binary, etcd_cluster
 
 __all__ = ["etcd_binary", "etcd_cluster"]  # the fixtures, imported for pytest
 
-PLAN = ChaosPlan(faults=faults(200), min_live=4, max_live=16, seed=13)
+PLAN = ChaosPlan(faults=faults(200), min_live=4, max_live=16, seed=seed(13))
 
 
 @pytest.fixture
