@@ -277,7 +277,13 @@ class ElasticAgent(Service):
                     reason="the rendezvous was closed: another node ended the job",
                 )
             self._rounds += 1
-            round_info, ranks = await self._assign(info)
+            assigned = await self._assign_unless_invalidated(info)
+            if isinstance(assigned[0], Outcome):  # a member never showed up; the round moved on
+                if assigned[0] is Outcome.CLOSED:
+                    return self._result(RunState.FAILED, reason=assigned[1])
+                self._membership_changes += 1
+                continue
+            round_info, ranks = assigned
             group, outcome, detail = await self._run_attempt(round_info, ranks)
             if outcome is Outcome.SUCCEEDED:
                 await self._exit_barrier(info)
@@ -310,6 +316,18 @@ class ElasticAgent(Service):
             restart_count=self._restart_count,
             reason=reason,
         )
+
+    async def _assign_unless_invalidated(
+        self, info: RendezvousInfo
+    ) -> tuple[RoundInfo, list[WorkerRanks]] | tuple[Outcome, str]:
+        """:meth:`_assign`, or why the round ended first: a member that never writes its slot
+        (it died, or never learned the result) must not hold the others until the store
+        times out while the rendezvous has already moved on."""
+
+        async def assign() -> tuple[RoundInfo, list[WorkerRanks]] | tuple[Outcome, str]:
+            return await self._assign(info)
+
+        return await first_of(assign, self._wait_round_invalidated)
 
     async def _assign(self, info: RendezvousInfo) -> tuple[RoundInfo, list[WorkerRanks]]:
         """Number this node's workers across the job (one store round trip per node)."""

@@ -267,6 +267,47 @@ async def test_a_joining_node_re_rendezvouses_without_costing_a_restart(tmp_path
     assert {e["WORLD_SIZE"] for e in finished} == {"2"}
 
 
+async def test_a_member_that_never_takes_its_slot_does_not_hold_the_others(
+    tmp_path: Path,
+) -> None:
+    """A node that completes a round but never starts workers (a bare handler here; in the
+    field, a node that missed the result) must not keep the agents waiting for its slot once
+    the round is invalidated: they re-rendezvous without it."""
+    store = MemoryStore()
+
+    def params() -> RendezvousParameters:
+        return RendezvousParameters(
+            "memory", "ghost", "job", 2, 3, store=store, last_call_timeout="0.05"
+        )
+
+    events: list[AgentEvent] = []
+    results = {}
+    with anyio.fail_after(BOUND):
+        async with (
+            get_rendezvous_handler(params()) as one,
+            get_rendezvous_handler(params()) as ghost,
+            get_rendezvous_handler(params()) as two,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def run(name: str, spec: WorkerSpec, on_event: Any = None) -> None:
+                agent = ElasticAgent(spec, stdout=Console(), stderr=Console(), on_event=on_event)
+                results[name] = await agent.run()
+
+            worker = ("--out", str(tmp_path), "--block-unless-nodes", "2")
+            tg.start_soon(run, "one", spec_for(one, *worker, local_world_size=1), events.append)
+            first = await ghost.next_rendezvous()  # completes round 1 with node one
+            assert first.world_size == 2
+            tg.start_soon(run, "two", spec_for(two, *worker, local_world_size=1))
+    changes = [e for e in events if isinstance(e, MembershipChanged)]
+    assert [r.state for r in results.values()] == [RunState.SUCCEEDED] * 2
+    assert [r.restart_count for r in results.values()] == [0, 0]
+    assert [c.reason for c in changes] == ["NODES_WAITING"]
+    started = [e for e in events if isinstance(e, WorkersStarted)]
+    assert len(started) == 1, "node one started workers only in the round without the ghost"
+    assert sorted(e["RANK"] for e in records(tmp_path)) == ["0", "1"]
+
+
 async def test_restarts_exhausted_on_one_node_stops_the_others() -> None:
     """A node out of restarts closes the rendezvous; the other node stops its workers and fails."""
     store = MemoryStore()
