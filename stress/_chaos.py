@@ -47,8 +47,11 @@ print("JOIN " + json.dumps({k: os.environ[k] for k in keys}), flush=True)
 threading.Event().wait()
 """
 FAULTS_ENV = "AIOELASTIC_CHAOS_FAULTS"
-SEED_ENV = "AIOELASTIC_CHAOS_SEED"
 """Overrides the number of faults of every chaos plan (for a short trial run)."""
+SEED_ENV = "AIOELASTIC_CHAOS_SEED"
+"""Overrides the seed of every chaos plan (to try other fault sequences)."""
+LOG_LEVEL = os.environ.get("AIOELASTIC_CHAOS_LOGLEVEL", "INFO")
+"""The agents' LOGLEVEL (DEBUG logs every rendezvous step, for a stall's post-mortem)."""
 REJOIN_BOUND = 60.0
 """Seconds a restarted etcd member has to serve linearizable reads again."""
 
@@ -326,7 +329,7 @@ class Chaos:
         log_path = self.directory / f"agent-{self.started}.log"
         log = log_path.open("w")
         process = await anyio.open_process(
-            self.command, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "LOGLEVEL": "INFO"}
+            self.command, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "LOGLEVEL": LOG_LEVEL}
         )
         agent = Agent(process, log, log_path)
         self.agents.append(agent)
