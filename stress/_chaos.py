@@ -329,7 +329,10 @@ class Chaos:
         log_path = self.directory / f"agent-{self.started}.log"
         log = log_path.open("w")
         process = await anyio.open_process(
-            self.command, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "LOGLEVEL": LOG_LEVEL}
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, "LOGLEVEL": LOG_LEVEL},
         )
         agent = Agent(process, log, log_path)
         self.agents.append(agent)
