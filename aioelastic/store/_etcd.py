@@ -14,7 +14,8 @@ Theory of operation:
   token to a marker key that only this operation uses (a *slot*, attached to the store's
   session lease, which a task in the store's task group keeps alive). When the reply of that
   transaction is lost, the marker says whether it was applied; every attempt also requires
-  the marker to be unchanged, so a late-arriving attempt can never apply twice. An ``add``
+  the marker to be unchanged, so a late-arriving attempt can never apply twice. A slot whose
+  operation failed or was cancelled is retired (a transaction of it may still land). An ``add``
   transaction also carries fallbacks ("if the key now holds v+1, write v+2", ...), so adds
   racing from other clients land in one round instead of retrying one by one.
 * **Failures.** Reads and idempotent writes retry with backoff, moving to the next endpoint;
@@ -509,10 +510,10 @@ class EtcdStore(Service, Store):
                         await self._new_session()
                 continue
             slot = session.take_slot()
-            try:
-                outcome = await self._update_in_slot(what, key, change, guesses, kv, session, slot)
-            finally:
-                session.give_back(slot)
+            # A call that ends in an error or a cancellation may have left a transaction in
+            # flight that lands later, so its slot is retired rather than given back.
+            outcome = await self._update_in_slot(what, key, change, guesses, kv, session, slot)
+            session.give_back(slot)
             if outcome is not None:
                 if outcome[0] is not None and blind:
                     if len(self._last_written) >= 4096:
@@ -580,6 +581,11 @@ class EtcdStore(Service, Store):
                 session.revisions[slot] = marker_kvs[0].mod_revision
                 value = written[marker_kvs[0].value]
                 return value, value
+            # Not our marker, and every attempt of this call is known not to have applied: what
+            # changed the marker (a write of an earlier call whose reply this store never saw,
+            # the session lease's expiry) is history. Compare with the marker as it is now;
+            # comparing with the revision it had would fail forever.
+            session.revisions[slot] = marker_kvs[0].mod_revision if marker_kvs else 0
             kv = key_kvs[0] if key_kvs else None
 
     async def _check_marker(
