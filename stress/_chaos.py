@@ -262,8 +262,10 @@ class Agent:
         self.last_round = ""
 
     def tail(self, lines: int = 8) -> str:
+        """The agent's last log lines (not gRPC's own, which DEBUG makes the most of)."""
         text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(f"    {line}" for line in text[-lines:])
+        ours = [line for line in text if not line.startswith("[grpc.")]
+        return "\n".join(f"    {line}" for line in ours[-lines:])
 
 
 class Chaos:
