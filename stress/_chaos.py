@@ -34,7 +34,6 @@ from typing import TextIO
 import anyio
 import anyio.abc
 import grpc
-import pytest
 
 from aioelastic.store._etcd_process import EtcdCluster, EtcdMember
 from stress.conftest import Figures
@@ -469,7 +468,7 @@ class Chaos:
 
 
 def report(outcome: Outcome, plan: ChaosPlan, figures: Figures) -> None:
-    """Record the figures; fail on any invariant violation, xfail on hangs."""
+    """Record the figures; fail on an invariant violation, a hang or an agent that exited."""
     complete = outcome.rounds.complete()
     found = [v for records in complete.values() for v in violations(records)]
     found += outcome.member_problems
@@ -500,8 +499,8 @@ def report(outcome: Outcome, plan: ChaosPlan, figures: Figures) -> None:
     figures["stopped at the time budget"] = outcome.budget_reached
     figures["duration (s)"] = round(outcome.duration)
     assert found == []
-    if hangs:
-        pytest.xfail(
-            f"rendezvous: {hangs} fault(s) ({dict(outcome.hung_after)}) were followed by no "
-            f"completed round within {plan.hang_bound:g} s; agent states in {outcome.stalls}"
-        )
+    assert not hangs, (
+        f"rendezvous: {hangs} fault(s) ({dict(outcome.hung_after)}) were followed by no "
+        f"completed round within {plan.hang_bound:g} s; agent states in {outcome.stalls}"
+    )
+    assert not outcome.exits, f"agents exited by themselves: {dict(outcome.exits)}"
