@@ -225,6 +225,14 @@ async def test_async_with_runs_in_the_background_and_stops_on_exit(handler: Any)
     assert result.state is RunState.STOPPED
 
 
+async def run_into(
+    results: dict[str, RunResult], name: str, spec: WorkerSpec, on_event: Any = None
+) -> None:
+    """Run an agent for ``spec`` to its end (one of several in a test); keep its result."""
+    agent = ElasticAgent(spec, stdout=Console(), stderr=Console(), on_event=on_event)
+    results[name] = await agent.run()
+
+
 async def test_a_joining_node_re_rendezvouses_without_costing_a_restart(tmp_path: Path) -> None:
     """Agents in one loop: a second node joining makes the first re-rendezvous for free."""
     store = MemoryStore()
@@ -242,22 +250,19 @@ async def test_a_joining_node_re_rendezvouses_without_costing_a_restart(tmp_path
         if isinstance(event, WorkersStarted):
             first_started.set()
 
-    results = {}
+    results: dict[str, RunResult] = {}
     with anyio.fail_after(BOUND):
         async with (
             get_rendezvous_handler(params()) as one,
             get_rendezvous_handler(params()) as two,
             anyio.create_task_group() as tg,
         ):
-
-            async def run(name: str, spec: WorkerSpec, on_event: Any = None) -> None:
-                agent = ElasticAgent(spec, stdout=Console(), stderr=Console(), on_event=on_event)
-                results[name] = await agent.run()
-
             worker = ("--out", str(tmp_path), "--block-unless-nodes", "2")
-            tg.start_soon(run, "one", spec_for(one, *worker, local_world_size=1), on_first)
+            tg.start_soon(
+                run_into, results, "one", spec_for(one, *worker, local_world_size=1), on_first
+            )
             await first_started.wait()
-            tg.start_soon(run, "two", spec_for(two, *worker, local_world_size=1))
+            tg.start_soon(run_into, results, "two", spec_for(two, *worker, local_world_size=1))
     changes = [e for e in events if isinstance(e, MembershipChanged)]
     assert [r.state for r in results.values()] == [RunState.SUCCEEDED] * 2
     assert [r.restart_count for r in results.values()] == [0, 0]
@@ -281,7 +286,7 @@ async def test_a_member_that_never_takes_its_slot_does_not_hold_the_others(
         )
 
     events: list[AgentEvent] = []
-    results = {}
+    results: dict[str, RunResult] = {}
     with anyio.fail_after(BOUND):
         async with (
             get_rendezvous_handler(params()) as one,
@@ -289,16 +294,13 @@ async def test_a_member_that_never_takes_its_slot_does_not_hold_the_others(
             get_rendezvous_handler(params()) as two,
             anyio.create_task_group() as tg,
         ):
-
-            async def run(name: str, spec: WorkerSpec, on_event: Any = None) -> None:
-                agent = ElasticAgent(spec, stdout=Console(), stderr=Console(), on_event=on_event)
-                results[name] = await agent.run()
-
             worker = ("--out", str(tmp_path), "--block-unless-nodes", "2")
-            tg.start_soon(run, "one", spec_for(one, *worker, local_world_size=1), events.append)
+            tg.start_soon(
+                run_into, results, "one", spec_for(one, *worker, local_world_size=1), events.append
+            )
             first = await ghost.next_rendezvous()  # completes round 1 with node one
             assert first.world_size == 2
-            tg.start_soon(run, "two", spec_for(two, *worker, local_world_size=1))
+            tg.start_soon(run_into, results, "two", spec_for(two, *worker, local_world_size=1))
     changes = [e for e in events if isinstance(e, MembershipChanged)]
     assert [r.state for r in results.values()] == [RunState.SUCCEEDED] * 2
     assert [r.restart_count for r in results.values()] == [0, 0]
@@ -322,15 +324,10 @@ async def test_restarts_exhausted_on_one_node_stops_the_others() -> None:
             get_rendezvous_handler(params()) as two,
             anyio.create_task_group() as tg,
         ):
-
-            async def run(name: str, handler: RendezvousHandler) -> None:
-                worker = ("--fail-rank", "0", "--fail-attempts", "9", "--block-unless-nodes", "3")
+            worker = ("--fail-rank", "0", "--fail-attempts", "9", "--block-unless-nodes", "3")
+            for name, handler in (("one", one), ("two", two)):
                 spec = spec_for(handler, *worker, local_world_size=1, max_restarts=0)
-                agent = ElasticAgent(spec, stdout=Console(), stderr=Console())
-                results[name] = await agent.run()
-
-            tg.start_soon(run, "one", one)
-            tg.start_soon(run, "two", two)
+                tg.start_soon(run_into, results, name, spec)
     failing = next(r for r in results.values() if r.failures)
     other = next(r for r in results.values() if not r.failures)
     assert (failing.state, failing.reason) == (RunState.FAILED, "restarts exhausted (0 allowed)")
