@@ -42,7 +42,8 @@ RUN_ID = "chaos"
 WORKER = """
 import json, os, threading
 keys = ("RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_PORT")
-print("JOIN " + json.dumps({k: os.environ[k] for k in keys}), flush=True)
+record = {k: os.environ[k] for k in keys} | {"AGENT": str(os.getppid())}
+print("JOIN " + json.dumps(record), flush=True)
 threading.Event().wait()
 """
 FAULTS_ENV = "AIOELASTIC_CHAOS_FAULTS"
@@ -91,9 +92,11 @@ class Store:
 class Rounds:
     """Collects JOIN lines into rounds; wakes waiters on each line.
 
-    When a completed round's port shows up again after another round's line, rank 0's agent
-    picked the same free port twice: that starts a new round. A line right after its round
-    completed (nothing in between) stays in it, so a surplus participant is a violation.
+    When a completed round's port shows up again, rank 0's agent picked the same free port
+    twice (the kernel reuses ports), and the line starts a new round if it comes after another
+    round's line, from an agent that already reported in the completed round, or with another
+    world size. Otherwise (right after its round completed, from another agent, with the same
+    world size) it stays in the round, so a surplus participant is a violation.
     """
 
     def __init__(self) -> None:
@@ -107,7 +110,11 @@ class Rounds:
         """File one worker's line; return its round's key."""
         port = record["MASTER_PORT"]
         key, reuse = port, 1
-        while key in self.by_port and _is_complete(self.by_port[key]) and key != self._last:
+        while key in self.by_port and _is_complete(self.by_port[key]):
+            records = self.by_port[key]
+            same_round = key == self._last and record["WORLD_SIZE"] == records[0]["WORLD_SIZE"]
+            if same_round and all(r["AGENT"] != record["AGENT"] for r in records):
+                break
             reuse += 1
             key = f"{port}#{reuse}"
         self.by_port.setdefault(key, []).append(record)
