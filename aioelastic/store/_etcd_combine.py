@@ -47,7 +47,8 @@ class AddCombiner:
         """Add ``amount``; ``apply(total)`` writes a combined total and returns the new value.
 
         When the caller writing a batch is cancelled, the others in that batch get
-        ``unknown()`` (their add may or may not have been applied).
+        ``unknown()`` (their add may or may not have been applied); a caller cancelled while
+        queued is taken out of the queue (its add is never applied).
         """
         entry = _Pending(amount)
         self._queue.append(entry)
@@ -56,6 +57,10 @@ class AddCombiner:
             async with self._lock:
                 if not entry.done:
                     await self._write_batch(entry, apply, unknown)
+        except BaseException:
+            if entry in self._queue:  # cancelled before any batch took it: it was never sent
+                self._queue.remove(entry)
+            raise
         finally:
             self.users -= 1
         if entry.error is not None:

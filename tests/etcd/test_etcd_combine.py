@@ -116,6 +116,31 @@ async def test_cancelling_the_writer_reports_an_unknown_outcome_to_the_others() 
     assert combiner.users == 0
 
 
+async def test_an_add_cancelled_while_queued_is_never_applied() -> None:
+    """A caller cancelled while its add waits behind a write in flight leaves the queue: the
+    next batch carries only the adds whose callers still wait for them."""
+    combiner, counter = AddCombiner(), Counter()
+    results: dict[str, int] = {}
+    queued = anyio.CancelScope()
+
+    async def add(name: str, amount: int, scope: anyio.CancelScope | None = None) -> None:
+        with scope or anyio.CancelScope():
+            results[name] = await combiner.add(amount, counter.apply, unknown)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(add, "first", 1)
+        await counter.writing.wait()
+        tg.start_soon(add, "cancelled", 10, queued)
+        tg.start_soon(add, "kept", 100)
+        await anyio.wait_all_tasks_blocked()
+        queued.cancel()
+        await anyio.wait_all_tasks_blocked()
+        counter.release.set()
+    assert counter.writes == [1, 100]
+    assert results == {"first": 1, "kept": 101}
+    assert combiner.users == 0
+
+
 class Source:
     """A call that the test completes by hand, counting how often it runs."""
 
