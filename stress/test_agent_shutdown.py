@@ -138,6 +138,10 @@ async def one_trial(tmp: Path, signum: signal.Signals, point: str) -> tuple[int,
 @pytest.mark.timeout(900)
 async def test_agent_signals_leave_nothing_behind(tmp_path: Path, figures: Figures) -> None:
     """SIGTERM, SIGINT and SIGKILL to the agent leave no worker, grandchild or guardian."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # Run as a background job of a non-interactive shell: the agents would inherit SIGINT
+        # ignored and lose one sent before they install their handlers ("early" trials).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     left: dict[str, Counter[str]] = {}
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         counts = left.setdefault(signum.name, Counter())
