@@ -35,7 +35,7 @@ from aioelastic.agent._events import (
     WorkerSucceeded,
 )
 from aioelastic.agent._guardian import Guardian
-from aioelastic.agent._logs import line_prefix, open_stream, plan_streams
+from aioelastic.agent._logs import StreamPump, line_prefix, open_stream, plan_streams
 from aioelastic.agent._process import WorkerProcess
 from aioelastic.agent._report import WorkerFailure, read_error_file, signal_name
 from aioelastic.agent._spec import WorkerSpec
@@ -132,6 +132,7 @@ class WorkerGroup:
         self.reaps: dict[int, WorkerReaped] = {}
         self.stop_started = math.inf
         self._failures: tuple[WorkerFailure, ...] = ()
+        self._pump_scopes: list[anyio.CancelScope] = []
         self._notices, self._receive = anyio.create_memory_object_stream[_Exited | WorkerReaped](
             math.inf
         )
@@ -171,29 +172,31 @@ class WorkerGroup:
         """
         outcome, detail = Outcome.FAILED, "cancelled"
         with self._notices, self._receive:
-            async with anyio.create_task_group() as pumps:
-                async with anyio.create_task_group() as watchers:
-                    try:
-                        for ranks in self.ranks:
-                            worker = self._spawn(ranks, pumps)
-                            self.workers.append(worker)
-                            watchers.start_soon(self._watch, worker)
-                        self._emit(
-                            WorkersStarted(
-                                self.info.restart_count,
-                                tuple(w.ranks.rank for w in self.workers),
-                                tuple(w.process.pid for w in self.workers),
-                            )
+            async with (
+                anyio.create_task_group() as pumps,
+                anyio.create_task_group() as watchers,
+            ):
+                try:
+                    for ranks in self.ranks:
+                        worker = self._spawn(ranks, pumps)
+                        self.workers.append(worker)
+                        watchers.start_soon(self._watch, worker)
+                    self._emit(
+                        WorkersStarted(
+                            self.info.restart_count,
+                            tuple(w.ranks.rank for w in self.workers),
+                            tuple(w.process.pid for w in self.workers),
                         )
-                        outcome, detail = await first_of(self._wait_workers, other)
-                    finally:
-                        with anyio.CancelScope(shield=True):
-                            signum = shutdown()
-                            reason = (
-                                detail if signum is None else f"shutdown ({signal_name(signum)})"
-                            )
-                            await self._stop(reason, signum or signal.SIGTERM, kill_now)
-                pumps.cancel_scope.deadline = anyio.current_time() + PUMP_DRAIN_TIMEOUT
+                    )
+                    outcome, detail = await first_of(self._wait_workers, other)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        signum = shutdown()
+                        reason = detail if signum is None else f"shutdown ({signal_name(signum)})"
+                        await self._stop(reason, signum or signal.SIGTERM, kill_now)
+                        drained_by = anyio.current_time() + PUMP_DRAIN_TIMEOUT
+                        for scope in self._pump_scopes:
+                            scope.deadline = min(scope.deadline, drained_by)
         return outcome, detail
 
     def failures(self) -> tuple[WorkerFailure, ...]:
@@ -257,8 +260,17 @@ class WorkerGroup:
             err.after_spawn()
         for stream in (out, err):
             if stream.pump is not None:
-                pumps.start_soon(stream.pump.run)
+                # Shielded: a stopping run keeps relaying (not breaking) its workers' output
+                # until they exited; the drain deadline set once they are reaped bounds it.
+                scope = anyio.CancelScope(shield=True)
+                self._pump_scopes.append(scope)
+                pumps.start_soon(self._relay, stream.pump, scope)
         return _Worker(ranks, process, str(error_file))
+
+    @staticmethod
+    async def _relay(pump: StreamPump, scope: anyio.CancelScope) -> None:
+        with scope:
+            await pump.run()
 
     async def _watch(self, worker: _Worker) -> None:
         # Shielded: cancelling the attempt must not SIGKILL the worker before _stop() has

@@ -7,13 +7,15 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
 import anyio.abc
 
 WORKER = str(Path(__file__).parent / "workers" / "scenario.py")
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+"""torchrun itself, for side-by-side tests (they skip without torch)."""
 BOUND = 60
 """Generous bound (seconds) for anything involving real processes on a loaded 2-core machine."""
 
@@ -144,12 +146,15 @@ async def _copy(stream: anyio.abc.ByteReceiveStream | None, console: Console) ->
 
 @contextlib.asynccontextmanager
 async def launched(
-    *argv: str, command: str = "run", cwd: Path | None = None
+    *argv: str,
+    command: str = "run",
+    cwd: Path | None = None,
+    launcher: Sequence[str] | None = None,
 ) -> AsyncIterator[Launched]:
-    """Run ``aioelastic COMMAND ARGV`` for the block; kill it at the end if it still runs."""
-    process = await anyio.open_process(
-        [sys.executable, "-m", "aioelastic", command, *argv], stdin=subprocess.DEVNULL, cwd=cwd
-    )
+    """Run ``aioelastic COMMAND ARGV`` (or ``LAUNCHER ARGV``, torchrun say) for the block; kill
+    it at the end if it still runs."""
+    program = [sys.executable, "-m", "aioelastic", command] if launcher is None else launcher
+    process = await anyio.open_process([*program, *argv], stdin=subprocess.DEVNULL, cwd=cwd)
     run = Launched(process)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_copy, process.stdout, run.out)

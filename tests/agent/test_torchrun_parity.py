@@ -1,0 +1,73 @@
+"""The same script under ``torchrun`` and ``aioelastic run``: the same observable outcome."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.agent.conftest import BOUND, TORCHRUN, launched
+
+pytestmark = pytest.mark.anyio
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+LAUNCHERS = [
+    pytest.param(None, id="aioelastic"),
+    pytest.param(
+        TORCHRUN,
+        id="torchrun",
+        marks=[
+            pytest.mark.torch,
+            pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed"),
+        ],
+    ),
+]
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio")])
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """The tests only drive subprocesses."""
+    return request.param
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_sigterm_lets_every_worker_print_and_save_its_checkpoint(
+    launcher: Sequence[str] | None, tmp_path: Path
+) -> None:
+    """SIGTERM to the launcher: both workers' handlers print, save a checkpoint, and exit."""
+    argv = ["--standalone", "--nproc-per-node", "2", str(EXAMPLES / "agent_preemption.py")]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, str(tmp_path), launcher=launcher) as run:
+            await run.out.wait_for("training", count=2)
+            run.send_signal(signal.SIGTERM)
+            status = await run.wait()
+    assert sorted(os.listdir(tmp_path)) == ["rank-0.ckpt", "rank-1.ckpt"], run
+    for rank in range(2):
+        assert f"rank {rank}: SIGTERM, saving a checkpoint" in run.out.text
+        assert f"rank {rank}: checkpoint saved" in run.out.text
+    if launcher is None:  # torchrun exits 1 here; we keep the Unix convention, 128 + signal
+        assert status == 128 + signal.SIGTERM, run
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_sigint_shows_the_workers_keyboard_interrupt(
+    launcher: Sequence[str] | None, tmp_path: Path
+) -> None:
+    """SIGINT to the launcher reaches the workers; their KeyboardInterrupt tracebacks show."""
+    argv = ["--standalone", "--nproc-per-node", "2", str(EXAMPLES / "agent_preemption.py")]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, str(tmp_path), launcher=launcher) as run:
+            await run.out.wait_for("training", count=2)
+            run.send_signal(signal.SIGINT)
+            status = await run.wait()
+    assert run.err.text.count("KeyboardInterrupt") >= 2, run
+    if launcher is None:
+        assert status == 128 + signal.SIGINT, run
