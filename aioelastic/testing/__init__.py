@@ -11,6 +11,7 @@ async with RendezvousCluster(3, min_nodes=2) as cluster:
 from aioelastic.testing._clock import ManualClock
 from aioelastic.testing._cluster import DEFAULT_CONFIG, Node, RendezvousCluster
 from aioelastic.testing._faults import FaultyStore, FaultyStoreStatistics, Stall
+from aioelastic.testing._generations import ProtocolViolation, SimulatedWorker, WorldSimulation
 from aioelastic.testing._recorder import EventRecorder
 
 __all__ = [
@@ -20,6 +21,9 @@ __all__ = [
     "FaultyStoreStatistics",
     "ManualClock",
     "Node",
+    "ProtocolViolation",
     "RendezvousCluster",
+    "SimulatedWorker",
     "Stall",
+    "WorldSimulation",
 ]

@@ -1,0 +1,753 @@
+"""Generations of a job's world: the in-place recovery protocol as a pure state machine.
+
+Theory of operation. Besides rendezvous *rounds* between agents, a job has *generations* of its
+workers' world, numbered 1, 2, ... and never reused. A generation is a list of workers in rank
+order (ranks are dense, 0..N-1), each holding one *slot* (its local rank) on its node. The
+:class:`GenerationMachine` is the single source of truth about them; it does no I/O and reads
+no clock (every call takes ``now``). The shell feeds it what happened (:data:`Event`) and does
+what it returns (:data:`Command`): start a process, tell a worker its place or that its world
+ended, stop a worker, report.
+
+* **Waiting.** The first workers (one per slot) and the spares are started together. Each worker
+  that calls ``worker.worlds()`` says it is :class:`Ready`. Once every slot's worker is ready,
+  generation 1 is assigned with the ranks the environment already gave them. A worker that
+  never asks for a world keeps today's behaviour: the job succeeds when every worker exits 0,
+  and any failure before generation 1 was assigned falls back to a full restart (nobody knows
+  whether the others would survive it).
+* **Forming -> running.** Every member of an assigned generation says it :class:`Entered` the
+  world (``with world:``); when all have, the generation is *formed* and the time since the
+  failure that caused it is reported. A generation that does not form within
+  ``recovery_timeout`` falls back to a full restart, naming who it waited for: a ladder, never a
+  hang.
+* **A failure.** A member that fails (while forming or running) ends its generation: every
+  other assigned member is told, and the next generation is assigned at once. Survivors keep
+  their slots and, where it is below the new world size, their rank. A failed slot goes to a
+  ready spare on the same node when there is one (then a new spare is started in the
+  background), else to a new process; fresh members are assigned as soon as they are ready.
+  Failures while a generation forms simply make the next one (two failures at once: two
+  generations in a row, or one, depending on order; never a rank held twice).
+* **Membership.** A lost node (its agent died, or the rendezvous lost it) removes its workers
+  and makes a smaller generation. A joining node's workers are started and join the *next*
+  generation once all of them are ready; the running generation is not disturbed meanwhile.
+* **The end.** Every member of the running generation exiting 0 finishes the job (spares are
+  stopped). A member exiting 0 while another fails, or while a generation forms, falls back.
+
+Who holds state: the members of the last *formed* generation. A member of a new generation that
+does not is *fresh*; ``source_rank`` is the lowest rank that is not. Before any generation has
+formed nobody holds state, so nobody is fresh. :data:`TRANSITIONS` lists, for each phase, the
+events it accepts and the phases they may lead to; anything else is a
+:class:`GenerationProtocolError` naming the event and the phase.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# -- identities and records -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class WorkerKey:
+    """One worker process of the job: its node and a serial number unique on that node."""
+
+    node: int
+    serial: int
+
+    def __str__(self) -> str:
+        return f"{self.node}.{self.serial}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """What one node contributes: workers (slots) and warm spares."""
+
+    local_world_size: int
+    spares: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A worker's place in one generation (what ``worker.worlds()`` yields, less the store)."""
+
+    generation: int
+    rank: int
+    world_size: int
+    local_rank: int
+    is_fresh: bool
+    source_rank: int
+    fresh_ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """An assigned generation: members in rank order and why it was made."""
+
+    number: int
+    members: tuple[WorkerKey, ...]
+    slots: tuple[int, ...]
+    fresh: frozenset[WorkerKey]
+    reason: str
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    @property
+    def fresh_ranks(self) -> tuple[int, ...]:
+        return tuple(rank for rank, key in enumerate(self.members) if key in self.fresh)
+
+    @property
+    def source_rank(self) -> int:
+        return next((r for r, k in enumerate(self.members) if k not in self.fresh), 0)
+
+    def place_of(self, key: WorkerKey) -> Place:
+        rank = self.members.index(key)
+        return Place(
+            generation=self.number,
+            rank=rank,
+            world_size=self.world_size,
+            local_rank=self.slots[rank],
+            is_fresh=key in self.fresh,
+            source_rank=self.source_rank,
+            fresh_ranks=self.fresh_ranks,
+        )
+
+
+class Phase(enum.Enum):
+    """Where the job's world is."""
+
+    WAITING = "waiting for the first workers to ask for a world"
+    FORMING = "a generation is assigned; waiting for its members to enter it"
+    RUNNING = "the generation formed; training"
+    FINISHED = "every member succeeded"
+    FELL_BACK = "in-place recovery gave up: a full restart is needed"
+
+
+# -- events (inputs) ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A worker asked for a world (``worker.worlds()``): it is waiting for a place."""
+
+    worker: WorkerKey
+
+
+@dataclass(frozen=True, slots=True)
+class Entered:
+    """A worker entered generation ``generation`` (``with world:``)."""
+
+    worker: WorkerKey
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """A worker's process ended (a watchdog reap is an exit by signal)."""
+
+    worker: WorkerKey
+    returncode: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost:
+    """A node is gone with all its workers (its agent died, or the rendezvous lost it)."""
+
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeJoined:
+    """A node joined the job; its workers are to be started."""
+
+    node: int
+    spec: NodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: deadlines up to ``now`` are due."""
+
+
+Event = Ready | Entered | Exited | NodeLost | NodeJoined | Tick
+EVENT_TYPES: tuple[type, ...] = (Ready, Entered, Exited, NodeLost, NodeJoined, Tick)
+
+# -- commands (outputs) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start a worker process on ``worker.node``; ``slot`` is its local rank (None: a spare)."""
+
+    worker: WorkerKey
+    slot: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    """Tell a ready worker its place in a generation."""
+
+    worker: WorkerKey
+    place: Place
+
+
+@dataclass(frozen=True, slots=True)
+class EndWorld:
+    """Tell these workers that ``generation`` ended (``world.check()`` raises from now on)."""
+
+    generation: int
+    workers: tuple[WorkerKey, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop a worker that has no place any more (a spare at the end)."""
+
+    worker: WorkerKey
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """Who took a failed or lost member's slot."""
+
+    rank: int
+    node: int
+    slot: int
+    replaced: WorkerKey | None
+    """The worker that held the slot (None: a slot new to the world)."""
+    by: WorkerKey
+    spare: bool
+    """Whether a warm spare took it (else a new process)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationAssigned:
+    """A generation was assigned (report): why, and who was replaced by whom."""
+
+    generation: Generation
+    replacements: tuple[Replacement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationFormed:
+    """Every member entered the generation (report); ``since_failure`` in seconds, if any."""
+
+    generation: Generation
+    replacements: tuple[Replacement, ...]
+    since_failure: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FallBack:
+    """In-place recovery gave up; the shell restarts the group as without it."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Every member of the running generation succeeded: the job is done here."""
+
+
+Command = (
+    Spawn | Assign | EndWorld | Stop | GenerationAssigned | GenerationFormed | FallBack | Finish
+)
+
+
+class GenerationProtocolError(Exception):
+    """An event arrived that the generation protocol does not accept in its phase."""
+
+    def __init__(self, event: Event, phase: Phase, why: str) -> None:
+        super().__init__(f"{type(event).__name__} {event} in phase {phase.name}: {why}")
+
+
+_TERMINAL = (Phase.FINISHED, Phase.FELL_BACK)
+TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
+    Phase.WAITING: {
+        Ready: frozenset({Phase.WAITING, Phase.FORMING, Phase.FELL_BACK}),
+        Exited: frozenset({Phase.WAITING, Phase.FINISHED, Phase.FELL_BACK}),
+        Entered: frozenset({Phase.WAITING}),
+        NodeLost: frozenset({Phase.FELL_BACK}),
+        NodeJoined: frozenset({Phase.FELL_BACK}),
+        Tick: frozenset({Phase.WAITING}),
+    },
+    Phase.FORMING: {
+        Ready: frozenset({Phase.FORMING}),
+        Entered: frozenset({Phase.FORMING, Phase.RUNNING}),
+        Exited: frozenset({Phase.FORMING, Phase.FELL_BACK}),
+        NodeLost: frozenset({Phase.FORMING, Phase.FELL_BACK}),
+        NodeJoined: frozenset({Phase.FORMING}),
+        Tick: frozenset({Phase.FORMING, Phase.FELL_BACK}),
+    },
+    Phase.RUNNING: {
+        Ready: frozenset({Phase.RUNNING, Phase.FORMING}),
+        Entered: frozenset({Phase.RUNNING}),
+        Exited: frozenset({Phase.RUNNING, Phase.FORMING, Phase.FINISHED, Phase.FELL_BACK}),
+        NodeLost: frozenset({Phase.FORMING, Phase.FELL_BACK, Phase.RUNNING}),
+        NodeJoined: frozenset({Phase.RUNNING}),
+        Tick: frozenset({Phase.RUNNING}),
+    },
+    # Terminal: the shell may still report exits of what it stops; nothing changes any more.
+    Phase.FINISHED: {kind: frozenset({Phase.FINISHED}) for kind in EVENT_TYPES},
+    Phase.FELL_BACK: {kind: frozenset({Phase.FELL_BACK}) for kind in EVENT_TYPES},
+}
+
+
+_MIXED = (
+    "some workers asked for a world (aioelastic.worker) and others exited without asking: "
+    "with --recovery in-place, every worker of the job uses aioelastic.worker or none does"
+)
+
+
+class WorkerState(enum.Enum):
+    STARTING = "started, not yet asking for a world"
+    READY = "asking for a world"
+    MEMBER = "holds a place in the current generation"
+    DONE = "exited 0"
+    GONE = "failed, lost or stopped"
+
+
+@dataclass(slots=True)
+class _Worker:
+    key: WorkerKey
+    slot: int | None
+    """The local rank it was started for; None for a spare (until it takes a slot)."""
+    state: WorkerState = WorkerState.STARTING
+    joiner: bool = False
+    """Started for a node that joined; waits for the next generation."""
+
+
+@dataclass(slots=True)
+class _Node:
+    spec: NodeSpec
+    serial: int = 0
+    in_world: bool = True
+
+
+@dataclass(slots=True)
+class _Recovery:
+    """The recovery in progress: when it started, and the deadline of the forming generation."""
+
+    failed_at: float | None
+    deadline: float
+    replacements: tuple[Replacement, ...] = ()
+    entered: set[WorkerKey] = field(default_factory=set)
+
+
+class GenerationMachine:
+    """The generations of one job's world (see the module docstring)."""
+
+    def __init__(self, nodes: Mapping[int, NodeSpec], *, recovery_timeout: float) -> None:
+        if not nodes:
+            raise ValueError("a job's world needs at least one node")
+        if not recovery_timeout > 0:
+            raise ValueError(f"recovery_timeout must be > 0 seconds, got {recovery_timeout!r}")
+        self.recovery_timeout = recovery_timeout
+        self.phase = Phase.WAITING
+        self.generation: Generation | None = None
+        self._nodes = {node: _Node(spec) for node, spec in sorted(nodes.items())}
+        self._workers: dict[WorkerKey, _Worker] = {}
+        self._holds_state: frozenset[WorkerKey] = frozenset()
+        self._formed_once = False
+        self._recovery: _Recovery | None = None
+        self._started = False
+        self.fallback_reason: str | None = None
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def deadline(self) -> float:
+        """When the shell must send :class:`Tick` at the latest (inf: no deadline)."""
+        return self._recovery.deadline if self._recovery is not None else math.inf
+
+    def state_of(self, key: WorkerKey) -> WorkerState:
+        return self._workers[key].state
+
+    def spares(self, node: int | None = None) -> tuple[WorkerKey, ...]:
+        """Ready spares (on ``node``, or anywhere), oldest first."""
+        return tuple(
+            w.key
+            for w in self._workers.values()
+            if w.slot is None
+            and w.state is WorkerState.READY
+            and (node is None or w.key.node == node)
+        )
+
+    def alive(self) -> tuple[WorkerKey, ...]:
+        """Every worker that still runs, as far as the machine knows."""
+        return tuple(
+            k
+            for k, w in self._workers.items()
+            if w.state not in (WorkerState.DONE, WorkerState.GONE)
+        )
+
+    # -- driving ----------------------------------------------------------------------------------
+
+    def start(self, now: float) -> list[Command]:
+        """The first workers of every node (slot order) and the spares."""
+        if self._started:
+            raise RuntimeError("start() runs once")
+        self._started = True
+        commands: list[Command] = []
+        for node, state in self._nodes.items():
+            commands += self._spawn_node(node, state, joiner=False)
+        return commands
+
+    def send(self, event: Event, now: float) -> list[Command]:
+        """Feed one event; return what the shell must do, in order."""
+        allowed = TRANSITIONS[self.phase]
+        if type(event) not in allowed:
+            raise GenerationProtocolError(event, self.phase, "not accepted here")
+        before = self.phase
+        if before in _TERMINAL:
+            return []
+        commands = self._handle(event, now)
+        if self.phase not in allowed[type(event)]:
+            raise AssertionError(f"{type(event).__name__} moved {before.name} to {self.phase.name}")
+        return commands
+
+    # -- handlers ---------------------------------------------------------------------------------
+
+    def _handle(self, event: Event, now: float) -> list[Command]:
+        match event:
+            case Ready():
+                return self._ready(self._known(event, event.worker), now)
+            case Entered():
+                return self._entered(self._known(event, event.worker), event.generation, now)
+            case Exited():
+                return self._exited(self._known(event, event.worker), event.returncode, now)
+            case NodeLost():
+                return self._node_lost(event.node, now)
+            case NodeJoined():
+                return self._node_joined(event, now)
+            case Tick():
+                if now >= self.deadline:
+                    return self._fall_back(self._why_not_formed())
+                return []
+        raise AssertionError(event)  # pragma: no cover
+
+    def _known(self, event: Event, key: WorkerKey) -> _Worker:
+        worker = self._workers.get(key)
+        if worker is None:
+            raise GenerationProtocolError(event, self.phase, f"worker {key} was never started")
+        return worker
+
+    def _ready(self, worker: _Worker, now: float) -> list[Command]:
+        if worker.state is not WorkerState.STARTING:
+            return []  # a worker asks once per process; a repeat (or a late one) changes nothing
+        worker.state = WorkerState.READY
+        generation = self.generation
+        if self.phase is Phase.WAITING:
+            first = [w for w in self._workers.values() if w.slot is not None]
+            if worker.slot is not None and any(w.state is WorkerState.DONE for w in first):
+                return self._fall_back(_MIXED)
+            if all(w.state is WorkerState.READY for w in first):
+                return self._assign(now, "the job started", failed_at=None, first=True)
+            return []
+        if generation is not None and worker.key in generation.members:
+            worker.state = WorkerState.MEMBER  # a replacement that was started for its place
+            return [Assign(worker.key, generation.place_of(worker.key))]
+        if worker.joiner:
+            node = worker.key.node
+            ready = all(
+                w.state is WorkerState.READY
+                for w in self._workers.values()
+                if w.key.node == node and w.joiner and w.slot is not None
+            )
+            if ready and self.phase is Phase.RUNNING and not self._finishing():
+                return self._next_generation(now, f"node {node} joined", failed_at=None)
+        return []
+
+    def _entered(self, worker: _Worker, number: int, now: float) -> list[Command]:
+        generation, recovery = self.generation, self._recovery
+        if generation is None or number != generation.number or recovery is None:
+            return []  # a generation that already ended, or a repeat
+        if worker.key not in generation.members:
+            return []
+        recovery.entered.add(worker.key)
+        if self.phase is Phase.FORMING and recovery.entered >= set(generation.members):
+            self.phase = Phase.RUNNING
+            self._recovery = None
+            self._formed_once = True
+            self._holds_state = frozenset(generation.members)
+            since = None if recovery.failed_at is None else now - recovery.failed_at
+            commands: list[Command] = [GenerationFormed(generation, recovery.replacements, since)]
+            return commands + self._admit_ready_joiners(now)
+        return []
+
+    def _exited(self, worker: _Worker, returncode: int, now: float) -> list[Command]:
+        was = worker.state
+        if was in (WorkerState.DONE, WorkerState.GONE):
+            return []
+        worker.state = WorkerState.DONE if returncode == 0 else WorkerState.GONE
+        generation = self.generation
+        member = generation is not None and worker.key in generation.members
+        if self.phase is Phase.WAITING:
+            if worker.slot is None:  # a spare died: start another
+                return self._replenish(worker.key.node)
+            if returncode != 0:
+                return self._fall_back(
+                    f"worker {worker.key} (local rank {worker.slot}) failed (status "
+                    f"{returncode}) before every worker asked for a world"
+                )
+            first = [w for w in self._workers.values() if w.slot is not None]
+            if any(w.state is WorkerState.READY for w in first):
+                return self._fall_back(_MIXED)
+            if all(w.state is WorkerState.DONE for w in first):
+                return self._finish()
+            return []
+        if not member:
+            if worker.slot is None:
+                return self._replenish(worker.key.node)
+            if worker.joiner:  # a joining node's worker died before it was admitted
+                return self._fall_back(
+                    f"worker {worker.key} of joining node {worker.key.node} failed"
+                )
+            return []
+        assert generation is not None
+        rank = generation.members.index(worker.key)
+        if returncode == 0:
+            if self.phase is Phase.FORMING:
+                return self._fall_back(
+                    f"rank {rank} exited 0 while generation {generation.number} formed"
+                )
+            if all(self._workers[k].state is WorkerState.DONE for k in generation.members):
+                return self._finish()
+            return []
+        if self._finishing():
+            return self._fall_back(
+                f"rank {rank} failed (status {returncode}) after other ranks had finished"
+            )
+        failed_at = self._recovery.failed_at if self._recovery is not None else None
+        why = f"rank {rank} (worker {worker.key}) failed (status {returncode})"
+        return self._next_generation(now, why, failed_at=now if failed_at is None else failed_at)
+
+    def _node_lost(self, node: int, now: float) -> list[Command]:
+        state = self._nodes.pop(node, None)
+        if state is None:
+            return []
+        for worker in self._workers.values():
+            if worker.key.node == node and worker.state not in (WorkerState.DONE, WorkerState.GONE):
+                worker.state = WorkerState.GONE
+        if self.phase is Phase.WAITING:
+            return self._fall_back(f"node {node} was lost before generation 1 was assigned")
+        generation = self.generation
+        if generation is None or all(k.node != node for k in generation.members):
+            return []  # a joining node that was never admitted
+        if self._finishing():
+            return self._fall_back(f"node {node} was lost after other ranks had finished")
+        failed_at = self._recovery.failed_at if self._recovery is not None else None
+        return self._next_generation(
+            now, f"node {node} was lost", failed_at=now if failed_at is None else failed_at
+        )
+
+    def _node_joined(self, event: NodeJoined, now: float) -> list[Command]:
+        if self.phase is Phase.WAITING:
+            return self._fall_back(f"node {event.node} joined before generation 1 was assigned")
+        if event.node in self._nodes:
+            raise GenerationProtocolError(
+                event, self.phase, f"node {event.node} is already in the job"
+            )
+        state = _Node(event.spec, serial=self._next_serial_after(event.node), in_world=False)
+        self._nodes[event.node] = state
+        self._nodes = dict(sorted(self._nodes.items()))
+        return self._spawn_node(event.node, state, joiner=True)
+
+    # -- making generations ---------------------------------------------------------------------
+
+    def _next_generation(
+        self, now: float, reason: str, *, failed_at: float | None
+    ) -> list[Command]:
+        generation = self.generation
+        assert generation is not None
+        ended = tuple(k for k in generation.members if self._workers[k].state is WorkerState.MEMBER)
+        commands: list[Command] = [EndWorld(generation.number, ended, reason)] if ended else []
+        for key in ended:
+            self._workers[key].state = WorkerState.READY
+        return commands + self._assign(now, reason, failed_at=failed_at, first=False)
+
+    def _assign(
+        self, now: float, reason: str, *, failed_at: float | None, first: bool
+    ) -> list[Command]:
+        previous = self.generation
+        commands: list[Command] = []
+        holders: dict[tuple[int, int], _Worker] = {}  # (node, slot) -> worker
+        for worker in self._workers.values():
+            if worker.slot is not None and worker.state in (
+                WorkerState.READY,
+                WorkerState.STARTING,
+            ):
+                if worker.joiner and not self._joiner_node_ready(worker.key.node):
+                    continue
+                if worker.state is WorkerState.STARTING and first:
+                    continue
+                holders.setdefault((worker.key.node, worker.slot), worker)
+        replacements: list[tuple[tuple[int, int], _Worker, WorkerKey | None, bool]] = []
+        old_holder: dict[tuple[int, int], WorkerKey] = {}
+        if previous is not None:
+            for key, slot in zip(previous.members, previous.slots, strict=True):
+                old_holder[(key.node, slot)] = key
+        for node, state in self._nodes.items():
+            if not state.in_world and not self._joiner_node_ready(node):
+                continue
+            state.in_world = True
+            for slot in range(state.spec.local_world_size):
+                if (node, slot) in holders:
+                    continue
+                spare = next(iter(self.spares(node)), None)
+                if spare is not None:
+                    worker = self._workers[spare]
+                    worker.slot = slot
+                    commands += self._replenish(node)
+                    by_spare = True
+                else:
+                    worker = self._new_worker(node, slot)
+                    commands.append(Spawn(worker.key, slot))
+                    by_spare = False
+                holders[(node, slot)] = worker
+                replacements.append(((node, slot), worker, old_holder.get((node, slot)), by_spare))
+        if not holders:
+            return self._fall_back(f"{reason}: no node is left to form a world")
+        members = self._rank(holders, previous)
+        for worker in members:
+            worker.joiner = False
+        fresh = frozenset(
+            w.key for w in members if self._formed_once and w.key not in self._holds_state
+        )
+        number = 1 if previous is None else previous.number + 1
+        generation = Generation(
+            number,
+            tuple(w.key for w in members),
+            tuple(w.slot for w in members if w.slot is not None),
+            fresh,
+            reason,
+        )
+        self.generation = generation
+        self.phase = Phase.FORMING
+        rank_of = {w.key: r for r, w in enumerate(members)}
+        done = tuple(
+            Replacement(rank_of[w.key], key[0], key[1], old, w.key, spare)
+            for key, w, old, spare in replacements
+        )
+        self._recovery = _Recovery(failed_at, now + self.recovery_timeout, done)
+        commands.append(GenerationAssigned(generation, done))
+        for worker in members:
+            if worker.state is WorkerState.READY:
+                worker.state = WorkerState.MEMBER
+                commands.append(Assign(worker.key, generation.place_of(worker.key)))
+        return commands
+
+    def _rank(
+        self, holders: Mapping[tuple[int, int], _Worker], previous: Generation | None
+    ) -> list[_Worker]:
+        """Dense ranks: a survivor keeps its rank below the new size; the rest fill in order."""
+        ordered = [holders[slot] for slot in sorted(holders)]
+        size = len(ordered)
+        old_rank = {} if previous is None else {k: r for r, k in enumerate(previous.members)}
+        ranks: list[_Worker | None] = [None] * size
+        rest = []
+        for worker in ordered:
+            rank = old_rank.get(worker.key)
+            if rank is not None and rank < size and ranks[rank] is None:
+                ranks[rank] = worker
+            else:
+                rest.append(worker)
+        free = iter(rest)
+        return [slot if slot is not None else next(free) for slot in ranks]
+
+    def _finishing(self) -> bool:
+        """Whether a member of the current generation already exited 0 (the job is ending)."""
+        generation = self.generation
+        return generation is not None and any(
+            self._workers[k].state is WorkerState.DONE for k in generation.members
+        )
+
+    def _admit_ready_joiners(self, now: float) -> list[Command]:
+        if self._finishing():
+            return []
+        for node, state in self._nodes.items():
+            if not state.in_world and self._joiner_node_ready(node):
+                return self._next_generation(now, f"node {node} joined", failed_at=None)
+        return []
+
+    def _joiner_node_ready(self, node: int) -> bool:
+        joiners = [
+            w
+            for w in self._workers.values()
+            if w.key.node == node and w.joiner and w.slot is not None
+        ]
+        return bool(joiners) and all(w.state is WorkerState.READY for w in joiners)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _spawn_node(self, node: int, state: _Node, *, joiner: bool) -> list[Command]:
+        commands: list[Command] = []
+        for slot in range(state.spec.local_world_size):
+            worker = self._new_worker(node, slot)
+            worker.joiner = joiner
+            commands.append(Spawn(worker.key, slot))
+        for _ in range(state.spec.spares):
+            commands.append(Spawn(self._new_worker(node, None).key, None))
+        return commands
+
+    def _new_worker(self, node: int, slot: int | None) -> _Worker:
+        state = self._nodes[node]
+        key = WorkerKey(node, state.serial)
+        state.serial += 1
+        worker = _Worker(key, slot)
+        self._workers[key] = worker
+        return worker
+
+    def _next_serial_after(self, node: int) -> int:
+        """A node that joins again must not reuse the keys of its earlier workers."""
+        return 1 + max((k.serial for k in self._workers if k.node == node), default=-1)
+
+    def _replenish(self, node: int) -> list[Command]:
+        """Start spares until ``node`` has as many (ready or starting) as it should."""
+        state = self._nodes.get(node)
+        if state is None or self.phase in _TERMINAL:
+            return []
+        have = sum(
+            1
+            for w in self._workers.values()
+            if w.key.node == node
+            and w.slot is None
+            and w.state in (WorkerState.STARTING, WorkerState.READY)
+        )
+        return [
+            Spawn(self._new_worker(node, None).key, None) for _ in range(state.spec.spares - have)
+        ]
+
+    def _finish(self) -> list[Command]:
+        self.phase = Phase.FINISHED
+        self._recovery = None
+        commands: list[Command] = [Stop(key) for key in self.alive()]
+        return [*commands, Finish()]
+
+    def _fall_back(self, reason: str) -> list[Command]:
+        self.phase = Phase.FELL_BACK
+        self._recovery = None
+        self.fallback_reason = reason
+        return [FallBack(reason)]
+
+    def _why_not_formed(self) -> str:
+        generation, recovery = self.generation, self._recovery
+        assert generation is not None
+        assert recovery is not None
+        missing = []
+        for rank, key in enumerate(generation.members):
+            if key in recovery.entered:
+                continue
+            state = self._workers[key].state
+            doing = (
+                "never asked for a world" if state is WorkerState.STARTING else "did not enter it"
+            )
+            missing.append(f"rank {rank} (worker {key}) {doing}")
+        return (
+            f"generation {generation.number} did not form within {self.recovery_timeout:g} s: "
+            + "; ".join(missing)
+        )

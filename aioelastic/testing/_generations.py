@@ -1,0 +1,270 @@
+"""A whole job's world in one object: the generation protocol driven like the agent drives it.
+
+:class:`WorldSimulation` runs a :class:`~aioelastic.agent._generations.GenerationMachine`
+against simulated worker processes and a manual clock, and checks the protocol's promises after
+every step (:meth:`WorldSimulation.check`), so a test (or a hypothesis state machine) only says
+what happens to the processes:
+
+```python
+sim = WorldSimulation({0: NodeSpec(4, spares=1)})
+sim.ready_all(); sim.enter_all()            # generation 1 formed
+sim.fail(sim.member(2))                     # rank 2 dies: its spare takes the slot
+sim.enter_all()
+assert sim.machine.generation.number == 2
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from aioelastic.agent._generations import (
+    Assign,
+    Command,
+    EndWorld,
+    Entered,
+    Event,
+    Exited,
+    FallBack,
+    Finish,
+    Generation,
+    GenerationAssigned,
+    GenerationFormed,
+    GenerationMachine,
+    NodeJoined,
+    NodeLost,
+    NodeSpec,
+    Phase,
+    Place,
+    Ready,
+    Spawn,
+    Stop,
+    Tick,
+    WorkerKey,
+)
+from aioelastic.testing._clock import ManualClock
+
+
+@dataclass(slots=True)
+class SimulatedWorker:
+    """A simulated worker process and what it was told."""
+
+    key: WorkerKey
+    spawned_for: int | None
+    asked: bool = False
+    places: list[Place] = field(default_factory=list)
+    ended: set[int] = field(default_factory=set)
+
+    @property
+    def place(self) -> Place | None:
+        """Its place in the newest generation it was given, unless that one ended."""
+        if self.places and self.places[-1].generation not in self.ended:
+            return self.places[-1]
+        return None
+
+
+class ProtocolViolation(AssertionError):
+    """The generation machine broke one of its promises (the message says which)."""
+
+
+class WorldSimulation:
+    """A job's workers and the generation machine that looks after them (see the module)."""
+
+    def __init__(self, nodes: Mapping[int, NodeSpec], *, recovery_timeout: float = 30.0) -> None:
+        self.clock = ManualClock()
+        self.specs = dict(nodes)
+        self.machine = GenerationMachine(nodes, recovery_timeout=recovery_timeout)
+        self.running: dict[WorkerKey, SimulatedWorker] = {}
+        self.exited: dict[WorkerKey, int] = {}
+        self.generations: list[Generation] = []
+        self.formed: list[GenerationFormed] = []
+        self.fallback: str | None = None
+        self.finished = False
+        self.commands: list[Command] = []
+        self._apply(self.machine.start(self.clock.now()))
+
+    # -- what happens to the processes ---------------------------------------------------------
+
+    def ready(self, key: WorkerKey) -> None:
+        """``key`` calls ``worker.worlds()``."""
+        self.running[key].asked = True
+        self._send(Ready(key))
+
+    def enter(self, key: WorkerKey) -> None:
+        """``key`` enters the world it was given (``with world:``)."""
+        place = self.running[key].place
+        if place is None:
+            raise ValueError(f"worker {key} has no world to enter")
+        self._send(Entered(key, place.generation))
+
+    def fail(self, key: WorkerKey, returncode: int = 1) -> None:
+        """``key``'s process dies (``returncode`` 0: it finished)."""
+        del self.running[key]
+        self.exited[key] = returncode
+        self._send(Exited(key, returncode))
+
+    def lose_node(self, node: int) -> None:
+        """``node``'s agent dies: its workers die with it."""
+        for key in [k for k in self.running if k.node == node]:
+            del self.running[key]
+            self.exited[key] = -9
+        self.specs.pop(node, None)
+        self._send(NodeLost(node))
+
+    def join_node(self, node: int, spec: NodeSpec) -> None:
+        """A new node's agent joins the job."""
+        self.specs[node] = spec
+        self._send(NodeJoined(node, spec))
+
+    def advance(self, seconds: float) -> None:
+        """Time passes (deadlines that are due fire)."""
+        self.clock.advance(seconds)
+        self._send(Tick())
+
+    # -- conveniences ---------------------------------------------------------------------------
+
+    def waiting(self) -> list[WorkerKey]:
+        """Running workers that have not asked for a world yet."""
+        return [k for k, w in self.running.items() if not w.asked]
+
+    def assigned(self) -> list[WorkerKey]:
+        """Running workers holding a place in the current generation that they did not enter."""
+        generation = self.machine.generation
+        if generation is None:
+            return []
+        return [
+            k
+            for k, w in self.running.items()
+            if w.place is not None and w.place.generation == generation.number
+        ]
+
+    def ready_all(self) -> None:
+        for key in self.waiting():
+            if key in self.running:
+                self.ready(key)
+
+    def enter_all(self) -> None:
+        """Everyone ready asks, and every assigned worker enters, until nothing changes."""
+        while self.machine.phase not in (Phase.FINISHED, Phase.FELL_BACK):
+            before = len(self.commands)
+            self.ready_all()
+            for key in self.assigned():
+                self.enter(key)
+            if len(self.commands) == before:
+                return
+
+    def member(self, rank: int) -> WorkerKey:
+        """The worker holding ``rank`` in the current generation."""
+        generation = self.machine.generation
+        if generation is None:
+            raise ValueError("no generation was assigned yet")
+        return generation.members[rank]
+
+    # -- the machine and its promises --------------------------------------------------------------
+
+    def _send(self, event: Event) -> None:
+        self._apply(self.machine.send(event, self.clock.now()))
+
+    def _apply(self, commands: list[Command]) -> None:
+        for command in commands:
+            self.commands.append(command)
+            match command:
+                case Spawn():
+                    if command.worker in self.running or command.worker in self.exited:
+                        raise ProtocolViolation(f"worker key {command.worker} spawned twice")
+                    if command.worker.node not in self.specs:
+                        raise ProtocolViolation(f"{command} on a node that is not in the job")
+                    self.running[command.worker] = SimulatedWorker(command.worker, command.slot)
+                case Assign():
+                    self._check_assign(command)
+                    self.running[command.worker].places.append(command.place)
+                case EndWorld():
+                    for key in command.workers:
+                        worker = self.running.get(key)
+                        if worker is None or not worker.places:
+                            raise ProtocolViolation(f"{command} names {key}, which holds no place")
+                        if worker.places[-1].generation != command.generation:
+                            raise ProtocolViolation(f"{command} names {key} of another generation")
+                        worker.ended.add(command.generation)
+                case GenerationAssigned():
+                    self._check_generation(command.generation)
+                    self.generations.append(command.generation)
+                case GenerationFormed():
+                    self.formed.append(command)
+                case Stop():
+                    pass
+                case FallBack():
+                    self.fallback = command.reason
+                case Finish():
+                    self.finished = True
+        self.check()
+
+    def _check_generation(self, new: Generation) -> None:
+        previous = self.generations[-1] if self.generations else None
+        if previous is not None and new.number <= previous.number:
+            raise ProtocolViolation(f"generation {new.number} after {previous.number}")
+        if len(set(new.members)) != len(new.members):
+            raise ProtocolViolation(f"generation {new.number} holds a worker twice: {new.members}")
+        places = set(zip((k.node for k in new.members), new.slots, strict=True))
+        if len(places) != len(new.members):
+            raise ProtocolViolation(f"generation {new.number} holds a slot twice")
+        for key in new.members:
+            if key not in self.running:
+                raise ProtocolViolation(
+                    f"generation {new.number} holds {key}, which is not running"
+                )
+        for node in {k.node for k in new.members}:
+            slots = sorted(s for k, s in zip(new.members, new.slots, strict=True) if k.node == node)
+            if slots != list(range(self.specs[node].local_world_size)):
+                raise ProtocolViolation(f"generation {new.number}: node {node} has slots {slots}")
+        if previous is not None:
+            for rank, key in enumerate(previous.members):
+                if key in new.members and rank < new.world_size and new.members[rank] != key:
+                    raise ProtocolViolation(
+                        f"worker {key} lost rank {rank} in generation {new.number}"
+                    )
+        formed = [f.generation for f in self.formed]
+        for key in new.fresh:
+            if formed and key in formed[-1].members:
+                raise ProtocolViolation(f"{key} is fresh but was in generation {formed[-1].number}")
+
+    def _check_assign(self, command: Assign) -> None:
+        worker = self.running.get(command.worker)
+        if worker is None:
+            raise ProtocolViolation(f"{command} to a worker that is not running")
+        if not worker.asked:
+            raise ProtocolViolation(f"{command} to a worker that did not ask for a world")
+        if worker.places and worker.places[-1].generation >= command.place.generation:
+            raise ProtocolViolation(f"{command} after generation {worker.places[-1].generation}")
+        generation = self.machine.generation
+        if generation is None or generation.number != command.place.generation:
+            raise ProtocolViolation(f"{command} is not for the current generation")
+        if generation.place_of(command.worker) != command.place:
+            raise ProtocolViolation(f"{command} does not match the generation's ranks")
+
+    def check(self) -> None:
+        """The promises that hold between any two steps."""
+        phase = self.machine.phase
+        if phase in (Phase.FINISHED, Phase.FELL_BACK):
+            return
+        generation = self.machine.generation
+        if generation is not None:
+            for key in generation.members:
+                if key not in self.running and self.exited.get(key) != 0:
+                    raise ProtocolViolation(
+                        f"{key} is in generation {generation.number} but not running"
+                    )
+        for node, spec in self.specs.items():
+            spares = [
+                k
+                for k, w in self.running.items()
+                if k.node == node
+                and w.spawned_for is None
+                and (generation is None or k not in generation.members)
+            ]
+            if len(spares) != spec.spares:
+                raise ProtocolViolation(f"node {node} has {len(spares)} spares, not {spec.spares}")
+        for formed in self.formed:
+            if formed.since_failure is not None and formed.since_failure < 0:
+                raise ProtocolViolation(f"{formed} reports a negative time")

@@ -1,0 +1,291 @@
+"""The generation protocol (pure core), driven through the test kit's WorldSimulation."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from aioelastic.agent._generations import (
+    FallBack,
+    GenerationMachine,
+    GenerationProtocolError,
+    NodeSpec,
+    Phase,
+    Ready,
+    Spawn,
+    WorkerKey,
+)
+from aioelastic.testing import WorldSimulation
+
+
+def formed(nodes: dict[int, NodeSpec], **options: float) -> WorldSimulation:
+    """A simulation whose generation 1 formed."""
+    sim = WorldSimulation(nodes, **options)
+    sim.enter_all()
+    assert sim.machine.phase is Phase.RUNNING
+    return sim
+
+
+def test_generation_one_waits_for_every_worker_and_keeps_the_environment_ranks() -> None:
+    """Generation 1 is assigned only when every slot asked, with ranks in node and slot order."""
+    sim = WorldSimulation({0: NodeSpec(2), 1: NodeSpec(2)})
+    first = sim.waiting()
+    for key in first[:-1]:
+        sim.ready(key)
+    assert sim.machine.generation is None
+    sim.ready(first[-1])
+    generation = sim.machine.generation
+    assert generation is not None
+    assert [(k.node, s) for k, s in zip(generation.members, generation.slots, strict=True)] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    assert generation.fresh == frozenset()
+
+
+def test_failure_replaces_only_that_worker_and_survivors_keep_their_ranks() -> None:
+    """Rank 2 fails: a new process takes slot 2, ranks 0, 1 and 3 stay with their workers."""
+    sim = formed({0: NodeSpec(4)})
+    before = sim.machine.generation
+    assert before is not None
+    failed = sim.member(2)
+    sim.fail(failed)
+    after = sim.machine.generation
+    assert after is not None
+    assert after.number == 2
+    assert [after.members[r] for r in (0, 1, 3)] == [before.members[r] for r in (0, 1, 3)]
+    assert after.members[2] not in before.members
+    assert after.fresh_ranks == (2,)
+    assert after.source_rank == 0
+    spawned = [c for c in sim.commands if isinstance(c, Spawn)]
+    assert spawned[-1] == Spawn(after.members[2], 2)
+    sim.enter_all()
+    assert sim.machine.phase is Phase.RUNNING
+    assert sim.formed[-1].since_failure == 0.0
+
+
+def test_a_spare_takes_the_place_and_a_new_spare_is_started() -> None:
+    """With a ready spare, the failed slot is the spare's at once; another spare starts."""
+    sim = formed({0: NodeSpec(2, spares=1)})
+    spare = sim.machine.spares(0)[0]
+    sim.fail(sim.member(1))
+    generation = sim.machine.generation
+    assert generation is not None
+    assert generation.members[1] == spare
+    replacement = sim.formed and sim.generations[-1]
+    assert replacement
+    spawned = [c for c in sim.commands if isinstance(c, Spawn)]
+    assert spawned[-1].slot is None  # the new spare
+    assert sim.running[spare].place is not None  # assigned without waiting for anything
+    sim.enter_all()
+    assert sim.formed[-1].replacements[0].spare
+
+
+def test_two_failures_at_once_make_consecutive_generations_with_both_replaced() -> None:
+    """Two ranks die before anyone re-forms: both slots get new workers; numbers only grow."""
+    sim = formed({0: NodeSpec(4)})
+    one, two = sim.member(1), sim.member(3)
+    sim.fail(one)
+    sim.fail(two)
+    generation = sim.machine.generation
+    assert generation is not None
+    assert generation.number == 3
+    assert {one, two}.isdisjoint(generation.members)
+    sim.enter_all()
+    assert sim.machine.phase is Phase.RUNNING
+    assert [f.generation.number for f in sim.formed] == [1, 3]
+
+
+def test_failure_while_forming_keeps_the_first_failure_time() -> None:
+    """A member dying while a generation forms makes the next; time counts from the first."""
+    sim = formed({0: NodeSpec(3)})
+    sim.fail(sim.member(0))
+    sim.advance(2.0)
+    sim.fail(sim.member(1))
+    sim.advance(1.0)
+    sim.enter_all()
+    assert sim.formed[-1].since_failure == 3.0
+    assert sim.formed[-1].generation.fresh_ranks == (0, 1)
+    assert sim.formed[-1].generation.source_rank == 2
+
+
+def test_a_spare_dying_is_replaced_and_costs_no_generation() -> None:
+    """A waiting spare that dies is started again; the running world is not disturbed."""
+    sim = formed({0: NodeSpec(2, spares=1)})
+    spare = sim.machine.spares(0)[0]
+    sim.fail(spare)
+    assert sim.machine.generation is not None
+    assert sim.machine.generation.number == 1
+    assert sim.machine.phase is Phase.RUNNING
+    assert isinstance(sim.commands[-1], Spawn)
+    assert sim.commands[-1].slot is None
+
+
+def test_an_agent_dying_leaves_a_smaller_world_with_dense_ranks() -> None:
+    """Node 1 of three is lost: the others form a world of their 4 workers, ranks 0..3."""
+    sim = formed({0: NodeSpec(2), 1: NodeSpec(2), 2: NodeSpec(2)})
+    sim.lose_node(1)
+    sim.enter_all()
+    generation = sim.machine.generation
+    assert generation is not None
+    assert generation.world_size == 4
+    assert {k.node for k in generation.members} == {0, 2}
+    assert generation.members[:2] == sim.generations[0].members[:2]
+
+
+def test_a_node_joining_during_recovery_is_admitted_after_it_forms() -> None:
+    """A node joins while a generation forms: that one forms without it, the next includes it."""
+    sim = formed({0: NodeSpec(2)})
+    sim.fail(sim.member(0))
+    sim.join_node(1, NodeSpec(2))
+    assert sim.machine.phase is Phase.FORMING
+    sim.enter_all()
+    generation = sim.machine.generation
+    assert generation is not None
+    assert generation.world_size == 4
+    assert generation.reason == "node 1 joined"
+    assert sim.machine.phase is Phase.RUNNING
+
+
+def test_a_generation_that_does_not_form_in_time_falls_back_naming_who() -> None:
+    """A replacement that never asks for a world: after the timeout, a full restart."""
+    sim = formed({0: NodeSpec(2)}, recovery_timeout=10.0)
+    sim.fail(sim.member(1))
+    sim.enter(sim.member(0))
+    sim.advance(9.0)
+    assert sim.fallback is None
+    sim.advance(1.0)
+    assert sim.fallback is not None
+    assert "generation 2 did not form within 10 s: rank 1 (worker 0.2) never asked" in sim.fallback
+
+
+def test_a_worker_not_using_the_api_keeps_todays_behaviour() -> None:
+    """Workers that never ask for a world: a failure falls back, all exiting 0 finishes."""
+    sim = WorldSimulation({0: NodeSpec(2)})
+    keys = sim.waiting()
+    sim.fail(keys[0])
+    assert sim.fallback is not None
+    assert "before every worker asked for a world" in sim.fallback
+    quiet = WorldSimulation({0: NodeSpec(2)})
+    for key in quiet.waiting():
+        quiet.fail(key, 0)
+    assert quiet.finished
+
+
+def test_every_member_succeeding_finishes_and_stops_the_spares() -> None:
+    """The job ends when the running generation's members all exit 0."""
+    sim = formed({0: NodeSpec(2, spares=1)})
+    for rank in range(2):
+        sim.fail(sim.member(rank), 0)
+    assert sim.finished
+
+
+def test_unknown_worker_is_a_protocol_error_naming_it() -> None:
+    """An event about a worker the machine never started is refused, with the phase."""
+    machine = GenerationMachine({0: NodeSpec(1)}, recovery_timeout=5.0)
+    machine.start(0.0)
+    with pytest.raises(GenerationProtocolError, match=r"Ready .* in phase WAITING: worker 0\.9"):
+        machine.send(Ready(WorkerKey(0, 9)), 0.0)
+
+
+class RandomWorld(RuleBasedStateMachine):
+    """Random failures, spares dying, agents dying, nodes joining and time passing."""
+
+    sim: WorldSimulation
+
+    @initialize(
+        sizes=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+        spares=st.integers(0, 1),
+    )
+    def start(self, sizes: list[int], spares: int) -> None:
+        self.sim = WorldSimulation(
+            {n: NodeSpec(size, spares) for n, size in enumerate(sizes)}, recovery_timeout=10.0
+        )
+        self.next_node = len(sizes)
+
+    def live(self) -> bool:
+        return self.sim.machine.phase not in (Phase.FINISHED, Phase.FELL_BACK)
+
+    @precondition(lambda self: self.live() and self.sim.waiting())
+    @rule(data=st.data())
+    def ask(self, data: st.DataObject) -> None:
+        self.sim.ready(data.draw(st.sampled_from(self.sim.waiting())))
+
+    @precondition(lambda self: self.live() and self.sim.assigned())
+    @rule(data=st.data())
+    def enter(self, data: st.DataObject) -> None:
+        self.sim.enter(data.draw(st.sampled_from(self.sim.assigned())))
+
+    @precondition(lambda self: self.live() and self.sim.running)
+    @rule(data=st.data(), returncode=st.sampled_from([1, -9, 0]))
+    def die(self, data: st.DataObject, returncode: int) -> None:
+        self.sim.fail(data.draw(st.sampled_from(sorted(self.sim.running))), returncode)
+
+    @precondition(lambda self: self.live() and len(self.sim.running) >= 2)
+    @rule(data=st.data())
+    def two_die_at_once(self, data: st.DataObject) -> None:
+        pair = data.draw(
+            st.lists(st.sampled_from(sorted(self.sim.running)), min_size=2, max_size=2, unique=True)
+        )
+        for key in pair:
+            self.sim.fail(key)
+
+    @precondition(lambda self: self.live() and self.sim.specs)
+    @rule(data=st.data())
+    def agent_dies(self, data: st.DataObject) -> None:
+        self.sim.lose_node(data.draw(st.sampled_from(sorted(self.sim.specs))))
+
+    @precondition(lambda self: self.live() and self.next_node < 5)
+    @rule(size=st.integers(1, 2), spares=st.integers(0, 1))
+    def node_joins(self, size: int, spares: int) -> None:
+        self.sim.join_node(self.next_node, NodeSpec(size, spares))
+        self.next_node += 1
+
+    @rule(seconds=st.sampled_from([0.5, 4.0, 11.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.sim.advance(seconds)
+
+    @invariant()
+    def promises_hold(self) -> None:
+        self.sim.check()
+
+    def teardown(self) -> None:
+        """Once the processes stop misbehaving, the world always settles: formed, or ended."""
+        if not hasattr(self, "sim") or not self.live():
+            return
+        self.sim.enter_all()
+        phase = self.sim.machine.phase
+        assert phase in (Phase.RUNNING, Phase.FINISHED, Phase.FELL_BACK), phase
+        if phase is Phase.RUNNING:
+            generation = self.sim.machine.generation
+            assert generation is not None
+            in_world = {k.node for k in generation.members}
+            assert in_world == set(self.sim.specs)
+            assert (
+                sum(self.sim.specs[n].local_world_size for n in in_world) == generation.world_size
+            )
+        if phase is Phase.FELL_BACK:
+            assert any(isinstance(c, FallBack) for c in self.sim.commands)
+
+
+RandomWorld.TestCase.settings = settings(
+    max_examples=400,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_random_world = RandomWorld.TestCase
+
+
+def test_workers_mixing_the_api_and_plain_exits_fall_back_saying_why() -> None:
+    """One worker asks for a world while another exits 0 without: a restart, with the reason."""
+    sim = WorldSimulation({0: NodeSpec(2)})
+    asking, plain = sim.waiting()
+    sim.ready(asking)
+    sim.fail(plain, 0)
+    assert sim.fallback is not None
+    assert "every worker of the job uses aioelastic.worker or none does" in sim.fallback
