@@ -25,14 +25,15 @@ from aioelastic.agent._events import (
     RunResult,
     RunState,
     ShutdownRequested,
+    StacksCaptured,
     WorkerFailed,
     WorkerReaped,
     WorkersStarted,
     WorkersStopped,
     WorkerSucceeded,
 )
-from aioelastic.agent._report import WorkerFailure, format_report
-from aioelastic.agent._spec import LogSpec, Std, WorkerSpec
+from aioelastic.agent._report import HangReport, StackRecord, WorkerFailure, format_report
+from aioelastic.agent._spec import ForensicsSpec, LogSpec, Std, WorkerSpec
 
 __all__ = [
     "AgentError",
@@ -40,7 +41,9 @@ __all__ = [
     "AgentStateError",
     "AgentStatistics",
     "ElasticAgent",
+    "ForensicsSpec",
     "GroupRestarting",
+    "HangReport",
     "LogSpec",
     "MembershipChanged",
     "NodeSlot",
@@ -51,6 +54,8 @@ __all__ = [
     "RunResult",
     "RunState",
     "ShutdownRequested",
+    "StackRecord",
+    "StacksCaptured",
     "Std",
     "WorkerFailed",
     "WorkerFailure",

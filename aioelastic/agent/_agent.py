@@ -30,6 +30,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -51,6 +52,7 @@ from aioelastic.agent._events import (
     RunResult,
     RunState,
     ShutdownRequested,
+    StacksCaptured,
 )
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup, first_of, unwrap_single_error
 from aioelastic.agent._guardian import Guardian, guardian_for
@@ -67,6 +69,7 @@ from aioelastic.rendezvous import (
 from aioelastic.store import StoreError
 
 if TYPE_CHECKING:
+    from aioelastic.agent._forensics import Forensics
     from aioelastic.timer import TimerEvent
 
 logger = logging.getLogger(__name__)
@@ -240,16 +243,37 @@ class ElasticAgent(Service):
             return
         from aioelastic.timer import FileTimerServer, WatchPolicy
 
+        forensics = self._forensics()
         server = FileTimerServer(
             os.environ.get("TORCHELASTIC_TIMER_FILE") or Path(self._private_dir, "watchdog"),
             self._run_id,
             on_event=self._on_timer_event,
             watch=WatchPolicy.descendants_of(os.getpid()),
+            before_reap=None if forensics is None else forensics.before_reap,
+            hook_timeout=self.spec.forensics.timeout,
         )
         if self._on_watchdog_event is not None:
             server.subscribe(self._on_watchdog_event)
         await tg.start(server.serve)
         self._timer_file = server.file_path
+
+    def _forensics(self) -> Forensics | None:
+        """The pre-reap stack capture (``_forensics.py``), when the spec asks for one."""
+        if not (self.spec.forensics.stacks or self.spec.forensics.core_dump):
+            return None
+        from aioelastic.agent._forensics import Forensics, stacks_directory
+
+        signal_dir = Path(self._private_dir, "stacks")
+        signal_dir.mkdir()
+        forensics = Forensics(
+            self.spec.forensics,
+            group=lambda: self._group,
+            directory=stacks_directory(self.spec.logs.log_dir, self._run_id),
+            signal_dir=str(signal_dir),
+            on_report=lambda report: self._emit(StacksCaptured(report)),
+        )
+        self.spec = replace(self.spec, env={**forensics.worker_env(), **self.spec.env})
+        return forensics
 
     def _on_timer_event(self, event: TimerEvent) -> None:
         from aioelastic.timer import TimerReaped

@@ -250,6 +250,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_non_negative(float),
         help="seconds between the forwarded signal and SIGKILL",
     )
+    flag(
+        "--reap-core-dump",
+        help="before the watchdog reaps a hung worker, also write its native core dump "
+        "(gdb's gcore) next to its stacks in --log-dir",
+    )
     option("--events-file", default=None, help="append every event to this file as JSON lines")
     option(
         "--metrics-port",

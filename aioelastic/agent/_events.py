@@ -6,7 +6,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from aioelastic.agent._report import WorkerFailure
+from aioelastic.agent._report import HangReport, WorkerFailure
 
 
 class RunState(enum.StrEnum):
@@ -75,6 +75,14 @@ class WorkerReaped:
 
 
 @dataclass(frozen=True, slots=True)
+class StacksCaptured:
+    """Before reaping, the agent captured its workers' stacks (``report.stacks`` says how, or
+    why not, for each rank) and grouped them with other nodes' (``report.summary``)."""
+
+    report: HangReport
+
+
+@dataclass(frozen=True, slots=True)
 class MembershipChanged:
     """The rendezvous round became invalid; the group stops and re-rendezvouses for free."""
 
@@ -120,6 +128,7 @@ AgentEvent = (
     | WorkerSucceeded
     | WorkerFailed
     | WorkerReaped
+    | StacksCaptured
     | MembershipChanged
     | WorkersStopped
     | GroupRestarting

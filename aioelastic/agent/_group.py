@@ -37,7 +37,7 @@ from aioelastic.agent._events import (
 from aioelastic.agent._guardian import Guardian
 from aioelastic.agent._logs import StreamPump, line_prefix, open_stream, plan_streams
 from aioelastic.agent._process import WorkerProcess
-from aioelastic.agent._report import WorkerFailure, read_error_file, signal_name
+from aioelastic.agent._report import HangReport, WorkerFailure, read_error_file, signal_name
 from aioelastic.agent._spec import WorkerSpec
 
 T = TypeVar("T")
@@ -130,6 +130,8 @@ class WorkerGroup:
         self._guardian = guardian
         self.workers: list[_Worker] = []
         self.reaps: dict[int, WorkerReaped] = {}
+        self.hang: HangReport | None = None
+        """The stacks the agent captured before a reap (``_forensics.py``), if it did."""
         self.stop_started = math.inf
         self._failures: tuple[WorkerFailure, ...] = ()
         self._pump_scopes: list[anyio.CancelScope] = []
@@ -145,6 +147,10 @@ class WorkerGroup:
             for w in self.workers
             if w.process.returncode is not None
         }
+
+    def worker_by_pid(self, pid: int) -> _Worker | None:
+        """The worker whose process is ``pid``, if it is one of this group's."""
+        return next((w for w in self.workers if w.process.pid == pid), None)
 
     def reaped(self, pid: int, scope_id: str, signum: int) -> WorkerReaped | None:
         """Note that the watchdog signalled ``pid``; return the event if it is one of ours."""
@@ -227,6 +233,8 @@ class WorkerGroup:
                     message=message,
                     traceback=callstack,
                     reaped_scope=reaped.scope_id if reaped else None,
+                    stack=self.hang.for_pid(worker.process.pid) if reaped and self.hang else None,
+                    hang=self.hang if reaped else None,
                 )
             )
         return tuple(sorted(failed, key=lambda f: f.timestamp))

@@ -62,6 +62,7 @@ class LaunchConfig:
     shutdown_timeout: float
     events_file: str | None = None
     metrics_port: int | None = None
+    reap_core_dump: bool = False
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -141,6 +142,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         shutdown_timeout=args.shutdown_timeout,
         events_file=args.events_file,
         metrics_port=args.metrics_port,
+        reap_core_dump=args.reap_core_dump,
     )
 
 
@@ -185,6 +187,9 @@ def describe(event: AgentEvent) -> str | None:
                 f"watchdog: timer {event.scope_id!r} of rank {event.rank} (pid {event.pid}) "
                 f"expired, sent {signal_name(event.signal)}"
             )
+        case ev.StacksCaptured():
+            report = event.report
+            return f"watchdog: stacks before the reap: {report.summary} (in {report.directory})"
         case ev.WorkerFailed():
             return f"rank {event.failure.rank} failed: {event.failure.cause}"
         case ev.WorkersStopped():
@@ -238,7 +243,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
     from aioelastic.agent._errors import AgentError, WorkerSpecError
     from aioelastic.agent._group import unwrap_single_error
     from aioelastic.agent._report import format_report
-    from aioelastic.agent._spec import WorkerSpec
+    from aioelastic.agent._spec import ForensicsSpec, WorkerSpec
     from aioelastic.events import EventLogError, observe, watch_rendezvous
     from aioelastic.metrics import MetricsPortError
     from aioelastic.rendezvous import (
@@ -284,6 +289,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         max_restarts=config.max_restarts,
                         shutdown_timeout=config.shutdown_timeout,
                         logs=config.logs,
+                        forensics=ForensicsSpec(core_dump=config.reap_core_dump),
                     )
                     router.agent = ElasticAgent(
                         spec,

@@ -25,6 +25,42 @@ def signal_name(signum: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class StackRecord:
+    """One rank's capture: how it was taken, where it was written, or why there is none."""
+
+    rank: int
+    pid: int
+    method: str | None
+    """``py-spy``, ``faulthandler``, or None when no stack could be taken."""
+    stack_file: str | None = None
+    place: str | None = None
+    """Where its main thread was (``waiting in all_reduce``, ``stuck in data.py:88 f``)."""
+    reason: str | None = None
+    """Why there is no stack (or why py-spy was not used), when that happened."""
+    core_file: str | None = None
+    core_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HangReport:
+    """What the agent captured when a watchdog timer expired, before reaping."""
+
+    scope_id: str
+    rank: int
+    """The rank whose timer expired first."""
+    directory: str
+    """Where the stack files are (``--log-dir`` or a temporary directory)."""
+    summary: str
+    """``rank 3 stuck in data.py:88 load_batch; ranks 0-2 and 4-7 waiting in all_reduce``."""
+    suspects: tuple[int, ...]
+    stacks: tuple[StackRecord, ...]
+
+    def for_pid(self, pid: int) -> StackRecord | None:
+        """The capture of local worker ``pid``, if it was one of those captured."""
+        return next((s for s in self.stacks if s.pid == pid), None)
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerFailure:
     """One worker that failed: where it ran, how it ended, and what it reported."""
 
@@ -39,6 +75,10 @@ class WorkerFailure:
     traceback: str | None = None
     reaped_scope: str | None = None
     """The watchdog scope whose expiry got the worker killed, if that is how it ended."""
+    stack: StackRecord | None = None
+    """Its stack, captured before the reap (or why there is none)."""
+    hang: HangReport | None = None
+    """The stacks of every rank captured at the same moment, grouped."""
 
     @property
     def signal_name(self) -> str | None:
@@ -95,6 +135,7 @@ def format_report(title: str, failures: Sequence[WorkerFailure], *, host: str | 
             f"  pid       : {failure.pid}",
             f"  ended     : {failure.cause}",
         ]
+        lines += _hang_lines(failure)
         if failure.message:
             lines.append(f"  error     : {failure.message}")
         if failure.traceback:
@@ -107,3 +148,23 @@ def format_report(title: str, failures: Sequence[WorkerFailure], *, host: str | 
             )
     lines.append(rule)
     return "\n".join(lines)
+
+
+def _hang_lines(failure: WorkerFailure) -> list[str]:
+    """The report's lines about the stacks captured before a reap."""
+    lines = []
+    if failure.hang is not None:
+        lines.append(f"  hang      : {failure.hang.summary}")
+        suspects = ", ".join(map(str, failure.hang.suspects)) or "none"
+        lines.append(f"  suspects  : {suspects} (stacks in {failure.hang.directory})")
+    stack = failure.stack
+    if stack is not None:
+        if stack.stack_file is not None:
+            lines.append(f"  stack     : {stack.stack_file} ({stack.method})")
+        else:
+            lines.append(f"  stack     : none ({stack.reason})")
+        if stack.core_file is not None:
+            lines.append(f"  core      : {stack.core_file}")
+        elif stack.core_reason is not None:
+            lines.append(f"  core      : none ({stack.core_reason})")
+    return lines

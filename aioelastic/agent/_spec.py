@@ -84,13 +84,37 @@ class LogSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ForensicsSpec:
+    """What the agent captures from a hung worker before the watchdog reaps it.
+
+    ``stacks``: every thread's Python stack of every local rank (py-spy at ``py_spy``, found
+    next to the interpreter or on ``PATH`` when ``"auto"``, None for none; else the worker's
+    faulthandler signal). ``core_dump``: also a native core (gdb's ``gcore``). All of it within
+    ``hook_timeout`` seconds (default 5, 30 with core dumps); the reap follows regardless.
+    """
+
+    stacks: bool = True
+    core_dump: bool = False
+    hook_timeout: float | None = None
+    py_spy: str | None = "auto"
+
+    @property
+    def timeout(self) -> float:
+        """The bound on a capture, in seconds."""
+        if self.hook_timeout is not None:
+            return self.hook_timeout
+        return 30.0 if self.core_dump else 5.0
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerSpec:
     """The workers one agent runs on its node, and how it looks after them.
 
     ``entrypoint`` and ``args`` form each worker's command line (for a Python script:
     ``entrypoint=sys.executable, args=("-u", "train.py", ...)``). ``env`` is added to the
     agent's own environment. ``watchdog=None`` follows ``TORCHELASTIC_ENABLE_FILE_TIMER``
-    (on unless it is ``0``). ``shutdown_timeout`` is how long stopping workers waits after the
+    (on unless it is ``0``); ``forensics`` says what is captured before it reaps a worker.
+    ``shutdown_timeout`` is how long stopping workers waits after the
     polite signal before SIGKILL.
     """
 
@@ -105,6 +129,7 @@ class WorkerSpec:
     shutdown_timeout: float = 30.0
     exit_barrier_timeout: float = 300.0
     logs: LogSpec = field(default_factory=LogSpec)
+    forensics: ForensicsSpec = field(default_factory=ForensicsSpec)
 
     def __post_init__(self) -> None:
         if not self.entrypoint:

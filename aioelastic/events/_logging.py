@@ -19,6 +19,7 @@ WARNING_KINDS = frozenset(
     {
         "WorkerFailed",
         "WorkerReaped",
+        "StacksCaptured",
         "TimerExpired",
         "TimerReaped",
         "RequestRejected",

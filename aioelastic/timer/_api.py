@@ -13,6 +13,7 @@ from types import TracebackType
 import anyio
 
 from aioelastic.timer._errors import InvalidDurationError, NoTimerClientError, ScopeExpiredError
+from aioelastic.timer._stackdump import register_stack_dump
 
 
 class TimerClient(abc.ABC):
@@ -49,9 +50,15 @@ _default_client: TimerClient | None = None
 
 
 def configure(client: TimerClient | None) -> None:
-    """Set the client ``expires()`` uses when none is passed (``None`` unsets it)."""
+    """Set the client ``expires()`` uses when none is passed (``None`` unsets it).
+
+    Under ``aioelastic run`` this also registers the agent's stack-dump signal with
+    ``faulthandler`` (see ``_stackdump.py``).
+    """
     global _default_client
     _default_client = client
+    if client is not None:
+        register_stack_dump()  # lets the agent dump this worker's stacks if py-spy cannot
 
 
 class Expiry:

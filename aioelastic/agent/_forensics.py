@@ -1,0 +1,391 @@
+"""Forensics before force: stacks (and a core) of hung workers, taken before the reap.
+
+The agent gives its timer server :meth:`Forensics.before_reap` as the pre-kill hook. The first
+expiry of an attempt opens an *incident*: every local worker is captured at once (a shared
+scope expires on every rank together, and the ranks still alive are the evidence), other
+nodes are asked to capture theirs (``remote``), the stacks are grouped (``_stacks.py``) and the
+report is attached to the group, emitted, and written next to the stack files. Later expiries
+of the same attempt wait for that incident instead of capturing again. The server bounds the
+hook by its timeout and reaps afterwards whatever happened here.
+
+A capture tries py-spy (it attaches from outside, so it works whatever the worker does), then
+the worker's faulthandler signal if the worker registered one (``timer/_stackdump.py``), and
+says in the record which it used or why there is no stack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from aioelastic.agent._report import HangReport, StackRecord
+from aioelastic.agent._stacks import (
+    Place,
+    ThreadStack,
+    diagnose,
+    format_threads,
+    parse_faulthandler,
+    parse_py_spy,
+    place_of,
+)
+from aioelastic.timer._stackdump import STACK_DIR_ENV, STACK_SIGNAL_ENV, stack_file
+
+if TYPE_CHECKING:
+    from aioelastic.agent._group import WorkerGroup, _Worker
+    from aioelastic.agent._spec import ForensicsSpec
+    from aioelastic.timer import TimerExpired
+
+logger = logging.getLogger(__name__)
+
+STACK_SIGNAL = signal.SIGRTMIN + 4
+"""The signal workers register with faulthandler (a real-time one: nothing else uses it)."""
+
+FAULTHANDLER_WAIT = 1.0
+"""Seconds a worker gets to write its faulthandler dump after the signal."""
+
+_POLL = 0.01
+"""How often the faulthandler file is looked at (its writer is a C signal handler that cannot
+tell us it finished; the dump takes microseconds, so a few looks suffice)."""
+
+_UNFINISHED = "the capture did not finish within the hook timeout"
+
+RemoteCapture = Callable[[str], Awaitable[Mapping[int, Place | None]]]
+"""Asks the other nodes to capture their ranks for ``scope_id``; their places by rank."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """What one capture of one process got."""
+
+    threads: tuple[ThreadStack, ...] = ()
+    method: str | None = None
+    reason: str | None = None
+    core_file: str | None = None
+    core_reason: str | None = None
+
+
+def find_py_spy(setting: str | None) -> str | None:
+    """The py-spy executable: ``setting`` itself, or for ``"auto"`` next to Python or on PATH."""
+    if setting != "auto":
+        return setting
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if os.access(beside, os.X_OK) else shutil.which("py-spy")
+
+
+async def _run(argv: list[str], timeout: float) -> tuple[int | None, bytes, bytes]:
+    """Run ``argv``; (returncode, stdout, stderr), returncode None when it took too long."""
+    with anyio.move_on_after(max(timeout, 0.0)):
+        done = await anyio.run_process(argv, check=False)
+        return done.returncode, done.stdout, done.stderr
+    return None, b"", b""
+
+
+def _last_line(data: bytes) -> str:
+    lines = [line for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[0] if lines else "no output"
+
+
+async def py_spy_dump(py_spy: str, pid: int, timeout: float) -> tuple[tuple[ThreadStack, ...], str]:
+    """Threads of ``pid`` by py-spy, or () and why not."""
+    code, out, err = await _run([py_spy, "dump", "--pid", str(pid), "--json"], timeout)
+    if code is None:
+        return (), f"py-spy did not finish within {timeout:.1f} s"
+    if code != 0:
+        return (), f"py-spy failed: {_last_line(err or out)}"
+    try:
+        return parse_py_spy(out.decode("utf-8", "replace")), ""
+    except ValueError as exc:
+        return (), str(exc)
+
+
+async def faulthandler_dump(
+    pid: int, directory: str, signum: int, timeout: float
+) -> tuple[tuple[ThreadStack, ...], str]:
+    """Threads of ``pid`` from its faulthandler signal, or () and why not."""
+    path = stack_file(directory, pid)
+    try:
+        start = os.stat(path).st_size
+    except FileNotFoundError:
+        return (), "the worker registered no stack signal (it configured no aioelastic timer)"
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as exc:
+        return (), f"cannot signal the worker: {exc.strerror}"
+    try:
+        signal.pidfd_send_signal(pidfd, signum)
+    except OSError as exc:
+        return (), f"cannot signal the worker: {exc.strerror}"
+    finally:
+        os.close(pidfd)
+    size, stable, waited = start, 0, 0.0
+    while waited < timeout and stable < 3:
+        await anyio.sleep(_POLL)
+        waited += _POLL
+        now = os.stat(path).st_size
+        stable = stable + 1 if now == size and now > start else 0
+        size = now
+    if size == start:
+        return (), f"the worker wrote no stack within {timeout:.1f} s of signal {signum}"
+    return parse_faulthandler(_read_tail(path, start, size)), ""
+
+
+def _read_tail(path: str, start: int, end: int) -> str:
+    with open(path, "rb") as dump:  # a few kB on a local disk
+        dump.seek(start)
+        return dump.read(end - start).decode("utf-8", "replace")
+
+
+async def core_dump(pid: int, directory: Path, timeout: float) -> tuple[str | None, str | None]:
+    """A native core of ``pid`` by gdb's gcore: (path, None) or (None, why not)."""
+    gcore = shutil.which("gcore")
+    if gcore is None:
+        return None, "gcore (gdb) is not installed"
+    prefix = directory / "core"
+    code, out, err = await _run([gcore, "-o", str(prefix), str(pid)], timeout)
+    path = f"{prefix}.{pid}"
+    if code is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # half a core is worse than none
+        return None, f"gcore did not finish within {timeout:.1f} s"
+    if code != 0:
+        return None, f"gcore failed: {_last_line(err or out)}"
+    return path, None
+
+
+async def capture(
+    pid: int,
+    *,
+    py_spy: str | None,
+    signal_dir: str | None,
+    signum: int,
+    timeout: float,
+    core_dir: Path | None = None,
+) -> Capture:
+    """Capture ``pid``'s stacks (and a core into ``core_dir``) within about ``timeout`` s."""
+    deadline = anyio.current_time() + timeout
+    reasons = []
+    threads: tuple[ThreadStack, ...] = ()
+    method = None
+    if py_spy is not None:
+        reserve = FAULTHANDLER_WAIT if signal_dir is not None else 0.0
+        threads, why = await py_spy_dump(py_spy, pid, max(timeout - reserve, timeout / 2))
+        method = "py-spy" if threads else None
+        if why:
+            reasons.append(why)
+    else:
+        reasons.append("py-spy is not installed")
+    if not threads and signal_dir is not None:
+        left = min(FAULTHANDLER_WAIT, deadline - anyio.current_time())
+        threads, why = await faulthandler_dump(pid, signal_dir, signum, left)
+        method = "faulthandler" if threads else None
+        if why:
+            reasons.append(why)
+    core_file = core_reason = None
+    if core_dir is not None:
+        core_file, core_reason = await core_dump(pid, core_dir, deadline - anyio.current_time())
+    return Capture(threads, method, "; ".join(reasons) or None, core_file, core_reason)
+
+
+@dataclass(eq=False)
+class _Incident:
+    """The stacks of one attempt's hang, taken once for every expiry of that attempt."""
+
+    group: WorkerGroup
+    done: anyio.Event = field(default_factory=anyio.Event)
+    report: HangReport | None = None
+
+
+class Forensics:
+    """The agent's pre-reap hook (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: ForensicsSpec,
+        *,
+        group: Callable[[], WorkerGroup | None],
+        directory: Callable[[int], Path],
+        signal_dir: str,
+        on_report: Callable[[HangReport], None],
+        remote: RemoteCapture | None = None,
+    ) -> None:
+        self.spec = spec
+        self._group = group
+        self._directory = directory
+        self._signal_dir = signal_dir
+        self._on_report = on_report
+        self._remote = remote
+        self._py_spy = find_py_spy(spec.py_spy)
+        self._incident: _Incident | None = None
+
+    def worker_env(self) -> dict[str, str]:
+        """What workers need to register the faulthandler fallback."""
+        return {STACK_SIGNAL_ENV: str(int(STACK_SIGNAL)), STACK_DIR_ENV: self._signal_dir}
+
+    async def before_reap(self, expired: TimerExpired) -> None:
+        """Capture before ``expired.pid`` is reaped (the first expiry of an attempt: all ranks)."""
+        group = self._group()
+        if group is None or group.worker_by_pid(expired.pid) is None:
+            return
+        incident = self._incident
+        if incident is None or incident.group is not group:
+            incident = self._incident = _Incident(group)
+            try:
+                await self._investigate(incident, expired)
+            finally:
+                incident.done.set()
+        else:
+            await incident.done.wait()
+
+    async def _investigate(self, incident: _Incident, expired: TimerExpired) -> None:
+        group = incident.group
+        first = group.worker_by_pid(expired.pid)
+        assert first is not None
+        directory = self._directory(group.info.restart_count)
+        directory.mkdir(parents=True, exist_ok=True)
+        live = [w for w in group.workers if w.process.returncode is None]
+        captures: dict[int, Capture] = {}
+        remote: dict[int, Place | None] = {}
+        budget = self.spec.timeout * 0.9  # leave the tail of the hook's bound for the report
+
+        async def take(pid: int) -> None:
+            captures[pid] = await capture(
+                pid,
+                py_spy=self._py_spy,
+                signal_dir=self._signal_dir,
+                signum=STACK_SIGNAL,
+                timeout=budget,
+                core_dir=directory if self.spec.core_dump and pid == expired.pid else None,
+            )
+
+        async def ask_others() -> None:
+            assert self._remote is not None
+            remote.update(await self._remote(expired.scope_id))
+
+        try:
+            with anyio.move_on_after(budget):
+                async with anyio.create_task_group() as tg:
+                    for worker in live:
+                        tg.start_soon(take, worker.process.pid)
+                    if self._remote is not None:
+                        tg.start_soon(ask_others)
+        finally:
+            report = self._report(expired, first.ranks.rank, directory, captures, live, remote)
+            incident.report = group.hang = report
+            _write_report(directory / "hang.json", report)
+            first_capture = captures.get(expired.pid) or Capture(reason=_UNFINISHED)
+            _write_error_file(first.error_file, report, first_capture)
+            try:
+                self._on_report(report)
+            except Exception:
+                logger.exception("reporting the hang failed")
+
+    def _report(
+        self,
+        expired: TimerExpired,
+        rank: int,
+        directory: Path,
+        captures: Mapping[int, Capture],
+        live: list[_Worker],
+        remote: Mapping[int, Place | None],
+    ) -> HangReport:
+        records = []
+        places: dict[int, Place | None] = dict(remote)
+        for worker in live:
+            pid, worker_rank = worker.process.pid, worker.ranks.rank
+            got = captures.get(pid) or Capture(reason=_UNFINISHED)
+            place = places[worker_rank] = place_of(got.threads)
+            path = None
+            if got.threads:
+                path = directory / f"rank{worker_rank}.stacks.txt"
+                try:
+                    path.write_text(format_threads(got.threads), encoding="utf-8")
+                except OSError as exc:
+                    logger.warning("cannot write %s: %s", path, exc)
+                    path = None
+            records.append(
+                StackRecord(
+                    rank=worker_rank,
+                    pid=pid,
+                    method=got.method,
+                    stack_file=None if path is None else str(path),
+                    place=None if place is None else place.describe(),
+                    reason=got.reason,
+                    core_file=got.core_file,
+                    core_reason=got.core_reason,
+                )
+            )
+        diagnosis = diagnose(places)
+        return HangReport(
+            scope_id=expired.scope_id,
+            rank=rank,
+            directory=str(directory),
+            summary=diagnosis.summary,
+            suspects=diagnosis.suspects,
+            stacks=tuple(records),
+        )
+
+
+def _write_report(path: Path, report: HangReport) -> None:
+    from aioelastic.events import to_data
+
+    try:
+        path.write_text(json.dumps(to_data(report), indent=2), encoding="utf-8")
+    except OSError as exc:
+        logger.warning("cannot write %s: %s", path, exc)
+
+
+def _write_error_file(error_file: str, report: HangReport, got: Capture) -> None:
+    """The reaped worker's error file, in torch's layout, when the worker left none: its stack
+    as the callstack, our fields beside (under ``aioelastic``)."""
+    if os.path.exists(error_file):
+        return
+    text = format_threads(got.threads) if got.threads else f"no stack: {got.reason}"
+    payload = {
+        "message": {
+            "message": f"the watchdog timer {report.scope_id!r} expired; the worker was reaped",
+            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
+        },
+        "aioelastic": {
+            "scope_id": report.scope_id,
+            "stack_method": got.method,
+            "no_stack_reason": None if got.threads else got.reason,
+            "core_file": got.core_file,
+            "hang_summary": report.summary,
+            "suspect_ranks": list(report.suspects),
+            "stack_files": {s.rank: s.stack_file for s in report.stacks if s.stack_file},
+            "stacks_directory": report.directory,
+        },
+    }
+    try:
+        Path(error_file).parent.mkdir(parents=True, exist_ok=True)
+        tmp = f"{error_file}.agent.tmp"
+        Path(tmp).write_text(json.dumps(payload), encoding="utf-8")
+        os.replace(tmp, error_file)
+    except OSError as exc:
+        logger.warning("cannot write the error file %s: %s", error_file, exc)
+
+
+def stacks_directory(log_dir: str | None, run_id: str) -> Callable[[int], Path]:
+    """Where an attempt's stack files go: under ``log_dir``, or one temporary directory."""
+    base: list[Path] = []
+
+    def directory(restart_count: int) -> Path:
+        if not base:
+            root = log_dir or tempfile.mkdtemp(prefix="aioelastic-stacks-")
+            base.append(Path(root, run_id) if log_dir else Path(root))
+        return base[0] / f"attempt_{restart_count}" / "stacks"
+
+    return directory

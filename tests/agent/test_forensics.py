@@ -1,0 +1,251 @@
+"""Stacks before the kill: real workers hang under a shared timer scope; the agent captures
+every local rank before the watchdog reaps, and the reap happens whatever the capture met."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelastic.agent import (
+    AgentEvent,
+    ElasticAgent,
+    ForensicsSpec,
+    HangReport,
+    RunState,
+    StacksCaptured,
+    WorkerFailed,
+    WorkerReaped,
+    WorkerSpec,
+)
+from aioelastic.agent._forensics import find_py_spy
+from aioelastic.rendezvous import RendezvousParameters, get_rendezvous_handler
+from aioelastic.store import MemoryStore
+from tests.agent.conftest import Console
+
+pytestmark = pytest.mark.anyio
+
+HANG = str(Path(__file__).parent / "workers" / "hang.py")
+
+
+def line_of(code: str) -> int:
+    """The line of the hang worker holding ``code``."""
+    return next(i for i, text in enumerate(Path(HANG).read_text().splitlines(), 1) if code in text)
+
+
+STUCK = f"hang.py:{line_of('time.sleep(3600)')} stuck_in_load_batch"
+WAITING = f"hang.py:{line_of('threading.Event().wait()')} wait_for_peer"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def py_spy() -> str:
+    """py-spy, when it is installed and may attach to this user's processes."""
+    path = find_py_spy("auto")
+    if path is None:
+        pytest.skip("py-spy is not installed (pip install 'aioelastic[test]')")
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as child:
+        try:
+            probe = subprocess.run([path, "dump", "--pid", str(child.pid)], capture_output=True)
+        finally:
+            child.kill()
+    if probe.returncode != 0:
+        pytest.skip(f"py-spy cannot attach here: {probe.stderr.decode()[-200:]}")
+    return path
+
+
+async def run_hang(
+    tmp_path: Path, forensics: ForensicsSpec, *args: str, nproc: int = 3
+) -> tuple[Any, list[AgentEvent], HangReport]:
+    """Run the hang worker under an agent (one restart: the second attempt succeeds)."""
+    params = RendezvousParameters("memory", "forensics", "job", 1, 1, store=MemoryStore())
+    events: list[AgentEvent] = []
+    barrier = str(tmp_path / "barrier.sock")
+    async with (
+        get_rendezvous_handler(params) as handler,
+        anyio.create_task_group() as tg,
+        await anyio.create_unix_listener(barrier) as listener,
+    ):
+        tg.start_soon(serve_barrier, listener, nproc)
+        spec = WorkerSpec(
+            sys.executable,
+            handler,
+            args=("-u", HANG, "--barrier", barrier, *args),
+            local_world_size=nproc,
+            max_restarts=1,
+            logs=_logs(tmp_path),
+            forensics=forensics,
+        )
+        agent = ElasticAgent(spec, on_event=events.append, stdout=Console(), stderr=Console())
+        result = await agent.run()
+        tg.cancel_scope.cancel()
+    reports = [e.report for e in events if isinstance(e, StacksCaptured)]
+    assert len(reports) == 1, events
+    return result, events, reports[0]
+
+
+async def serve_barrier(listener: Any, parties: int) -> None:
+    """Release the first attempt's ``parties`` workers together (later ones never connect)."""
+    waiting = []
+    async with contextlib.AsyncExitStack() as stack:
+        while len(waiting) < parties:
+            stream = await stack.enter_async_context(await listener.accept())
+            await stream.receive()
+            waiting.append(stream)
+        for stream in waiting:
+            await stream.send(b"g")
+        await anyio.sleep_forever()  # keeps the connections the peers wait on open
+
+
+def _logs(tmp_path: Path) -> Any:
+    from aioelastic.agent import LogSpec, Std
+
+    return LogSpec(log_dir=str(tmp_path / "logs"), redirects=Std.ALL)  # error files kept there
+
+
+def read(path: str) -> str:
+    """A file's text (the run is over: nothing else waits on the loop)."""
+    return Path(path).read_text()
+
+
+def magic(path: str) -> bytes:
+    """A file's first four bytes."""
+    with open(path, "rb") as file:
+        return file.read(4)
+
+
+def reaped_ranks(events: list[AgentEvent]) -> list[int]:
+    return sorted(e.rank for e in events if isinstance(e, WorkerReaped))
+
+
+@contextlib.contextmanager
+def cpu_load(processes: int) -> Iterator[None]:
+    """Busy processes competing for the CPUs while the block runs."""
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)
+    ]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+async def test_every_rank_is_captured_by_py_spy_before_any_is_reaped(
+    tmp_path: Path, py_spy: str
+) -> None:
+    """A shared scope expires on all ranks at once: all three stacks are taken, then all reaped;
+    the report says where each main thread was and the files hold every thread."""
+    result, events, report = await run_hang(
+        tmp_path, ForensicsSpec(py_spy=py_spy), "--hang-rank", "1", "--threads", "8"
+    )
+    assert (result.state, result.restart_count) == (RunState.SUCCEEDED, 1)
+    assert 1 in reaped_ranks(events)
+    assert [(s.rank, s.method) for s in report.stacks] == [(i, "py-spy") for i in range(3)]
+    assert report.summary == f"rank 1 stuck in {STUCK}; ranks 0 and 2 stuck in {WAITING}"
+    assert report.suspects == (1,)
+    assert report.directory == str(tmp_path / "logs" / "job" / "attempt_0" / "stacks")
+    text = read(report.stacks[1].stack_file or "")
+    assert text.count("Thread ") == 9
+    assert "stuck_in_load_batch" in text
+    assert json.loads(read(f"{report.directory}/hang.json"))["summary"] == report.summary
+
+
+async def test_the_failure_carries_the_stack_and_the_error_file_keeps_torchs_layout(
+    tmp_path: Path, py_spy: str
+) -> None:
+    """The reaped worker's failure names its stack file and the group summary; the error file
+    the agent wrote for it is torch's layout with our fields beside."""
+    _, events, report = await run_hang(
+        tmp_path, ForensicsSpec(py_spy=py_spy), "--hang-rank", "0", nproc=1
+    )
+    failure = next(e.failure for e in events if isinstance(e, WorkerFailed))
+    assert failure.stack is not None
+    assert failure.hang == report
+    assert failure.stack.stack_file == report.stacks[0].stack_file
+    data = json.loads(read(failure.error_file))
+    assert "stuck_in_load_batch" in data["message"]["extraInfo"]["py_callstack"]
+    assert data["aioelastic"]["hang_summary"] == f"rank 0 stuck in {STUCK}"
+    assert data["aioelastic"]["suspect_ranks"] == [0]
+    assert failure.traceback is not None
+    assert "stuck_in_load_batch" in failure.traceback
+
+
+async def test_capture_under_load_still_gets_every_stack(tmp_path: Path, py_spy: str) -> None:
+    """With busy processes competing for the CPUs, py-spy still captures every rank."""
+    with cpu_load(4):
+        result, events, report = await run_hang(
+            tmp_path, ForensicsSpec(py_spy=py_spy, hook_timeout=30), "--hang-rank", "2"
+        )
+    assert result.state is RunState.SUCCEEDED
+    assert 2 in reaped_ranks(events)
+    assert report.suspects == (2,)
+    assert [s.method for s in report.stacks] == ["py-spy"] * 3
+
+
+async def test_without_py_spy_the_faulthandler_signal_gives_the_stacks(tmp_path: Path) -> None:
+    """py-spy absent: the signal the worker's timer client registered dumps every thread."""
+    result, events, report = await run_hang(
+        tmp_path, ForensicsSpec(py_spy=None), "--hang-rank", "0"
+    )
+    assert result.state is RunState.SUCCEEDED
+    assert 0 in reaped_ranks(events)
+    assert [s.method for s in report.stacks] == ["faulthandler"] * 3
+    assert report.summary == f"rank 0 stuck in {STUCK}; ranks 1 and 2 stuck in {WAITING}"
+    assert all(s.reason == "py-spy is not installed" for s in report.stacks)
+
+
+async def test_a_worker_ignoring_the_signal_is_reaped_with_the_reason(tmp_path: Path) -> None:
+    """No py-spy and the worker ignores the signal: no stack, a reason saying so, the reap."""
+    result, events, report = await run_hang(
+        tmp_path, ForensicsSpec(py_spy=None), "--ignore-stack-signal", nproc=1
+    )
+    assert result.state is RunState.SUCCEEDED
+    assert reaped_ranks(events) == [0]
+    (stack,) = report.stacks
+    assert (stack.method, stack.stack_file) == (None, None)
+    assert stack.reason is not None
+    assert "the worker wrote no stack within" in stack.reason
+    assert report.summary == "rank 0: no stack"
+
+
+async def test_a_worker_exiting_during_the_capture_ends_the_attempt(tmp_path: Path) -> None:
+    """The worker dies while "py-spy" attaches (a stand-in that kills it): the capture says
+    why there is no stack and the agent restarts the group as for a reap."""
+    killer = tmp_path / "py-spy-killer"
+    killer.write_text('#!/bin/sh\nkill -9 "$3"\necho "Error: process gone" >&2\nexit 1\n')
+    killer.chmod(0o755)
+    result, events, report = await run_hang(
+        tmp_path, ForensicsSpec(py_spy=str(killer)), "--hang-rank", "0", nproc=1
+    )
+    assert (result.state, result.restart_count) == (RunState.SUCCEEDED, 1)
+    (stack,) = report.stacks
+    assert stack.method is None
+    assert stack.reason is not None
+    assert stack.reason.startswith("py-spy failed: Error: process gone")
+    failed = [e.failure for e in events if isinstance(e, WorkerFailed)]
+    assert [(f.rank, f.signal_name) for f in failed] == [(0, "SIGKILL")]
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/gcore"), reason="gdb's gcore is not installed")
+async def test_reap_core_dump_writes_a_core_beside_the_stacks(tmp_path: Path) -> None:
+    """With core dumps on, the reaped worker's native core lands in the stacks directory."""
+    _, _, report = await run_hang(
+        tmp_path, ForensicsSpec(core_dump=True, py_spy=None), "--hang-rank", "0", nproc=1
+    )
+    (stack,) = report.stacks
+    assert stack.core_file == f"{report.directory}/core.{stack.pid}", stack
+    assert magic(stack.core_file) == b"\x7fELF"
