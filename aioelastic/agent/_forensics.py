@@ -248,6 +248,9 @@ class Forensics:
                 incident.done.set()
         else:
             await incident.done.wait()
+        worker = group.worker_by_pid(expired.pid)
+        if incident.report is not None and worker is not None:
+            _write_error_file(worker.error_file, incident.report, expired.pid)
 
     async def _investigate(self, incident: _Incident, expired: TimerExpired) -> None:
         group = incident.group
@@ -285,8 +288,6 @@ class Forensics:
             report = self._report(expired, first.ranks.rank, directory, captures, live, remote)
             incident.report = group.hang = report
             _write_report(directory / "hang.json", report)
-            first_capture = captures.get(expired.pid) or Capture(reason=_UNFINISHED)
-            _write_error_file(first.error_file, report, first_capture)
             try:
                 self._on_report(report)
             except Exception:
@@ -347,12 +348,16 @@ def _write_report(path: Path, report: HangReport) -> None:
         logger.warning("cannot write %s: %s", path, exc)
 
 
-def _write_error_file(error_file: str, report: HangReport, got: Capture) -> None:
-    """The reaped worker's error file, in torch's layout, when the worker left none: its stack
+def _write_error_file(error_file: str, report: HangReport, pid: int) -> None:
+    """A reaped worker's error file, in torch's layout, when the worker left none: its stack
     as the callstack, our fields beside (under ``aioelastic``)."""
-    if os.path.exists(error_file):
+    record = report.for_pid(pid)
+    if record is None or os.path.exists(error_file):
         return
-    text = format_threads(got.threads) if got.threads else f"no stack: {got.reason}"
+    text = f"no stack: {record.reason}"
+    if record.stack_file is not None:
+        with contextlib.suppress(OSError):
+            text = Path(record.stack_file).read_text(encoding="utf-8")
     payload = {
         "message": {
             "message": f"the watchdog timer {report.scope_id!r} expired; the worker was reaped",
@@ -360,9 +365,11 @@ def _write_error_file(error_file: str, report: HangReport, got: Capture) -> None
         },
         "aioelastic": {
             "scope_id": report.scope_id,
-            "stack_method": got.method,
-            "no_stack_reason": None if got.threads else got.reason,
-            "core_file": got.core_file,
+            "stack_method": record.method,
+            "stack_file": record.stack_file,
+            "place": record.place,
+            "no_stack_reason": None if record.method else record.reason,
+            "core_file": record.core_file,
             "hang_summary": report.summary,
             "suspect_ranks": list(report.suspects),
             "stack_files": {s.rank: s.stack_file for s in report.stacks if s.stack_file},

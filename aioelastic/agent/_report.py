@@ -120,13 +120,21 @@ def read_error_file(path: str) -> tuple[str | None, str | None]:
 
 
 def format_report(title: str, failures: Sequence[WorkerFailure], *, host: str | None = None) -> str:
-    """Return the human report of a failed job, root cause (first failure) first."""
+    """Return the human report of a failed job, root cause first: the suspect of a hang the
+    watchdog's stack capture named, else the first failure."""
     host = host or socket.gethostname()
-    ordered = sorted(failures, key=lambda f: f.timestamp)
+    ordered = sorted(failures, key=lambda f: (not _suspected(f), f.timestamp))
     rule = "=" * 72
     lines = [rule, f"{title} FAILED", "-" * 72]
+    hangs_shown: list[HangReport] = []
     for index, failure in enumerate(ordered):
-        heading = "root cause (first failure)" if index == 0 else "also failed"
+        heading = "also failed"
+        if index == 0:
+            heading = (
+                "root cause ("
+                + ("the hang's suspect" if _suspected(failure) else "first failure")
+                + ")"
+            )
         when = datetime.fromtimestamp(failure.timestamp).isoformat(sep=" ", timespec="seconds")
         lines += [
             f"{heading}: rank {failure.rank} (local rank {failure.local_rank})",
@@ -135,7 +143,9 @@ def format_report(title: str, failures: Sequence[WorkerFailure], *, host: str | 
             f"  pid       : {failure.pid}",
             f"  ended     : {failure.cause}",
         ]
-        lines += _hang_lines(failure)
+        lines += _hang_lines(failure, show_hang=failure.hang not in hangs_shown)
+        if failure.hang is not None:
+            hangs_shown.append(failure.hang)
         if failure.message:
             lines.append(f"  error     : {failure.message}")
         if failure.traceback:
@@ -150,10 +160,14 @@ def format_report(title: str, failures: Sequence[WorkerFailure], *, host: str | 
     return "\n".join(lines)
 
 
-def _hang_lines(failure: WorkerFailure) -> list[str]:
-    """The report's lines about the stacks captured before a reap."""
+def _suspected(failure: WorkerFailure) -> bool:
+    return failure.hang is not None and failure.rank in failure.hang.suspects
+
+
+def _hang_lines(failure: WorkerFailure, *, show_hang: bool) -> list[str]:
+    """The report's lines about the stacks captured before a reap (the grouping only once)."""
     lines = []
-    if failure.hang is not None:
+    if failure.hang is not None and show_hang:
         lines.append(f"  hang      : {failure.hang.summary}")
         suspects = ", ".join(map(str, failure.hang.suspects)) or "none"
         lines.append(f"  suspects  : {suspects} (stacks in {failure.hang.directory})")

@@ -4,6 +4,7 @@ every local rank before the watchdog reaps, and the reap happens whatever the ca
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,16 +30,18 @@ from aioelastic.agent import (
 from aioelastic.agent._forensics import find_py_spy
 from aioelastic.rendezvous import RendezvousParameters, get_rendezvous_handler
 from aioelastic.store import MemoryStore
-from tests.agent.conftest import Console
+from tests.agent.conftest import BOUND, Console, launched
 
 pytestmark = pytest.mark.anyio
 
 HANG = str(Path(__file__).parent / "workers" / "hang.py")
+EXAMPLE = Path(__file__).parents[2] / "examples" / "hang_forensics.py"
 
 
-def line_of(code: str) -> int:
-    """The line of the hang worker holding ``code``."""
-    return next(i for i, text in enumerate(Path(HANG).read_text().splitlines(), 1) if code in text)
+def line_of(code: str, path: str | Path = HANG) -> int:
+    """The line of ``path`` (the hang worker) holding ``code``."""
+    lines = Path(path).read_text().splitlines()
+    return next(number for number, text in enumerate(lines, 1) if code in text)
 
 
 STUCK = f"hang.py:{line_of('time.sleep(3600)')} stuck_in_load_batch"
@@ -249,3 +252,23 @@ async def test_reap_core_dump_writes_a_core_beside_the_stacks(tmp_path: Path) ->
     (stack,) = report.stacks
     assert stack.core_file == f"{report.directory}/core.{stack.pid}", stack
     assert magic(stack.core_file) == b"\x7fELF"
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+async def test_torch_job_report_names_the_sleeping_rank_and_the_ranks_in_all_reduce(
+    tmp_path: Path, py_spy: str
+) -> None:
+    """The example: in a gloo job rank 2 sleeps inside the step while ranks 0 and 1 block in
+    all_reduce; the failure report names rank 2 and its frame, the others as waiting."""
+    argv = ["--standalone", "--nproc-per-node", "3", "--log-dir", str(tmp_path), str(EXAMPLE)]
+    with anyio.fail_after(BOUND * 3):
+        async with launched(*argv) as run:
+            status = await run.wait()
+    stuck = f"hang_forensics.py:{line_of('time.sleep(3600)', EXAMPLE)} load_batch"
+    assert status == 1, run
+    assert f"  hang      : rank 2 stuck in {stuck}; ranks 0 and 1 waiting in all_reduce" in (
+        run.err.text
+    )
+    assert "  suspects  : 2 (stacks in " in run.err.text
+    assert f"watchdog: stacks before the reap: rank 2 stuck in {stuck}" in run.err.text
