@@ -14,6 +14,7 @@ import enum
 import math
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -35,7 +36,13 @@ from aioelastic.agent._events import (
     WorkerSucceeded,
 )
 from aioelastic.agent._guardian import Guardian
-from aioelastic.agent._logs import StreamPump, line_prefix, open_stream, plan_streams
+from aioelastic.agent._logs import (
+    SharedConsole,
+    StreamPump,
+    line_prefix,
+    open_stream,
+    plan_streams,
+)
 from aioelastic.agent._process import WorkerProcess
 from aioelastic.agent._report import HangReport, WorkerFailure, read_error_file, signal_name
 from aioelastic.agent._spec import WorkerSpec
@@ -99,8 +106,8 @@ class _Exited:
 class Consoles:
     """Where workers' console output goes: sinks for their stdout and stderr lines."""
 
-    stdout: Callable[[bytes], None]
-    stderr: Callable[[bytes], None]
+    stdout: SharedConsole
+    stderr: SharedConsole
 
 
 class WorkerGroup:
@@ -261,7 +268,12 @@ class WorkerGroup:
         err = open_stream(err_plan, prefix=prefix, console=self._consoles.stderr)
         try:
             process = WorkerProcess.spawn(
-                spec.argv, env, stdout=out.child_end, stderr=err.child_end, guardian=self._guardian
+                spec.argv,
+                env,
+                stdin=None if spec.logs.inherit_console else subprocess.DEVNULL,
+                stdout=out.child_end,
+                stderr=err.child_end,
+                guardian=self._guardian,
             )
         finally:
             out.after_spawn()

@@ -122,6 +122,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         tee=args.tee,
         local_ranks_filter=args.local_ranks_filter,
         line_prefix=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", DEFAULT_LINE_PREFIX),
+        inherit_console=True,  # torchrun's: a terminal stays the workers' own
     )
     return LaunchConfig(
         min_nodes=min_nodes,

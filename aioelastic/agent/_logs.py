@@ -1,14 +1,18 @@
 """Workers' output: where each stream goes, and the pump that prefixes lines with the rank.
 
-A stream that only goes to a file is handed to the worker as that file (no copying); one that
-reaches the console goes through a pipe the agent reads without threads, prefixing each line
-and, with ``tee``, copying the raw bytes to the file as well.
+A stream that only goes to a file is handed to the worker as that file (no copying). One that
+goes only to the console is, under ``aioelastic run``, the agent's own (inherited, so a terminal
+stays a terminal, as under torchrun). One that reaches the console through the agent (``tee``,
+or a console given as a Python stream) goes through a pipe the agent reads without threads,
+prefixing each line and, with ``tee``, copying the raw bytes to the file as well. A partial
+line (a ``\r`` progress bar, a prompt) is shown at once, not held until its newline.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +36,8 @@ class StreamPlan:
 
     console: bool
     file: Path | None
+    inherit: bool = False
+    """Console only, and the worker writes to the agent's own stream directly (no relay)."""
 
 
 def plan_streams(
@@ -46,7 +52,8 @@ def plan_streams(
         to_file = bool((redirects | tee) & stream) and attempt_dir is not None
         console = shown and (not redirects & stream or bool(tee & stream))
         path = attempt_dir / str(local_rank) / name if to_file and attempt_dir else None
-        plans.append(StreamPlan(console=console, file=path))
+        inherit = console and path is None and (logs.inherit_console or not logs.line_prefix)
+        plans.append(StreamPlan(console=console, file=path, inherit=inherit))
     return plans[0], plans[1]
 
 
@@ -56,15 +63,60 @@ def line_prefix(template: str, *, rank: int, local_rank: int, role_name: str) ->
     return text.encode()
 
 
+_LINE_ENDS = re.compile(rb"([\r\n])")
+
+
+def prefix_lines(data: bytes, prefix: bytes, at_line_start: bool) -> tuple[bytes, bool]:
+    """Put ``prefix`` before the first byte of each line in ``data``; return it and whether
+    the next byte starts a line.
+
+    A line starts after ``\n`` and after ``\r`` (so each redraw of a progress bar keeps its
+    prefix); ``\r\n`` is one line end. ``at_line_start`` carries the state between chunks.
+    """
+    if not prefix:
+        return data, data.endswith((b"\n", b"\r")) if data else at_line_start
+    out = []
+    for piece in _LINE_ENDS.split(data):
+        if not piece:
+            continue
+        if piece in (b"\n", b"\r"):
+            out.append(piece)
+            at_line_start = True
+            continue
+        if at_line_start:
+            out.append(prefix)
+        out.append(piece)
+        at_line_start = False
+    return b"".join(out), at_line_start
+
+
+class SharedConsole:
+    """One console written by many pumps: a line one worker left open (a prompt, a progress
+    bar) is ended before another worker's output, which then shows on a line of its own."""
+
+    def __init__(self, write: Callable[[bytes], None]) -> None:
+        self._write = write
+        self._open_line: StreamPump | None = None
+
+    def write(self, pump: StreamPump, data: bytes, *, line_open: bool) -> None:
+        """Show ``data`` from ``pump``; ``line_open``: it ends inside a line."""
+        owner = self._open_line
+        if owner is not None and owner is not pump:
+            owner.line_ended_by_others()
+            data = b"\n" + data
+        self._open_line = pump if line_open else None
+        self._write(data)
+
+
 class StreamPump:
-    """Copies one worker stream from a pipe to the console (line by line, prefixed) and a file."""
+    """Copies one worker stream from a pipe to the console (prefixed, as it comes) and a file."""
 
     def __init__(
         self,
         read_fd: int,
         *,
         prefix: bytes,
-        console: Callable[[bytes], None] | None,
+        console: SharedConsole | None,
         file: IO[bytes] | None,
     ) -> None:
         os.set_blocking(read_fd, False)
@@ -72,7 +124,7 @@ class StreamPump:
         self._prefix = prefix
         self._console = console
         self._file = file
-        self._partial = b""
+        self._at_line_start = True
 
     async def run(self) -> None:
         """Copy until every writer closed the pipe; then flush and close."""
@@ -87,8 +139,8 @@ class StreamPump:
                     break
                 self._feed(chunk)
         finally:
-            if self._partial:
-                self._emit(self._prefix + self._partial + b"\n")
+            if not self._at_line_start:  # end the last line: what follows starts afresh
+                self._emit(b"\n")
             os.close(self._fd)
             if self._file is not None:
                 self._file.close()
@@ -99,18 +151,18 @@ class StreamPump:
             self._file.flush()
         if self._console is None:
             return
-        *lines, self._partial = (self._partial + chunk).split(b"\n")
-        if len(self._partial) >= _CHUNK:  # a very long line: show it in pieces
-            lines.append(self._partial)
-            self._partial = b""
-        if lines:
-            self._emit(b"".join(self._prefix + line + b"\n" for line in lines))
+        shown, self._at_line_start = prefix_lines(chunk, self._prefix, self._at_line_start)
+        self._emit(shown)
+
+    def line_ended_by_others(self) -> None:
+        """Another worker's output ended this stream's open line: prefix the next byte anew."""
+        self._at_line_start = True
 
     def _emit(self, data: bytes) -> None:
         if self._console is None:
             return
         try:
-            self._console(data)
+            self._console.write(self, data, line_open=not self._at_line_start)
         except OSError as exc:  # the console went away (a closed pipe): keep draining the worker
             logger.warning("worker output no longer shown: %s", exc)
             self._console = None
@@ -131,9 +183,7 @@ class OpenedStream:
             self.child_end.close()
 
 
-def open_stream(
-    plan: StreamPlan, *, prefix: bytes, console: Callable[[bytes], None]
-) -> OpenedStream:
+def open_stream(plan: StreamPlan, *, prefix: bytes, console: SharedConsole) -> OpenedStream:
     """Create what a worker stream needs: an inherited fd, a file, a pipe with a pump, or null."""
     file: IO[bytes] | None = None
     if plan.file is not None:
@@ -141,17 +191,17 @@ def open_stream(
         file = plan.file.open("ab")
     if not plan.console:
         return OpenedStream(subprocess.DEVNULL if file is None else file, None)
-    if file is None and not prefix:
+    if plan.inherit:
         return OpenedStream(None, None)
     read_fd, write_fd = os.pipe()
     return OpenedStream(write_fd, StreamPump(read_fd, prefix=prefix, console=console, file=file))
 
 
-def console_writer(stream: IO[bytes]) -> Callable[[bytes], None]:
-    """Return a sink that writes whole chunks to ``stream`` and flushes them."""
+def console_writer(stream: IO[bytes]) -> SharedConsole:
+    """Return the console of ``stream``: whole chunks written and flushed."""
 
     def write(data: bytes) -> None:
         stream.write(data)
         stream.flush()
 
-    return write
+    return SharedConsole(write)

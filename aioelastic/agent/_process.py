@@ -79,12 +79,15 @@ class WorkerProcess:
         argv: Sequence[str],
         env: Mapping[str, str],
         *,
+        stdin: Redirect = subprocess.DEVNULL,
         stdout: Redirect = None,
         stderr: Redirect = None,
         cwd: str | None = None,
         guardian: Guardian | None = None,
     ) -> WorkerProcess:
         """Start ``argv`` in a new session with ``env``; raise :class:`WorkerSpawnError`.
+
+        ``stdin`` is ``/dev/null`` unless given (``None``: the agent's own, a terminal say).
 
         ``guardian`` (the agent's) is told about the worker's group while it may run.
         """
@@ -98,7 +101,7 @@ class WorkerProcess:
                 [*die_with_agent_prefix(), program, *argv[1:]],
                 env=dict(env) if guardian is None else guardian.spawning(env),
                 cwd=cwd,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,

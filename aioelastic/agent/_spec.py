@@ -63,11 +63,14 @@ def std_for(selector: Std | Mapping[int, Std], local_rank: int) -> Std:
 class LogSpec:
     """Where workers' output goes.
 
-    By default every line reaches the agent's console prefixed with its rank. ``redirects``
-    sends streams to files under ``log_dir`` instead; ``tee`` sends them to both. Ranks outside
+    By default every line reaches the agent's console prefixed with its rank, and stdin is
+    ``/dev/null``. With ``inherit_console`` (``aioelastic run``'s, torchrun's behaviour) workers
+    share the agent's terminal: its stdin, and its stdout/stderr for each stream that goes only
+    to the console (unprefixed). ``redirects`` sends streams to files under ``log_dir``
+    instead; ``tee`` sends them to both (prefixed on the console). Ranks outside
     ``local_ranks_filter`` (when given) stay off the console. ``line_prefix`` is a template
-    (``${rank}``, ``${local_rank}``, ``${role_name}``); an empty prefix lets workers write to
-    the console directly.
+    (``${rank}``, ``${local_rank}``, ``${role_name}``); an empty prefix also lets workers write
+    to the console directly.
     """
 
     log_dir: str | None = None
@@ -75,6 +78,7 @@ class LogSpec:
     tee: Std | Mapping[int, Std] = Std.NONE
     local_ranks_filter: frozenset[int] | None = None
     line_prefix: str = DEFAULT_LINE_PREFIX
+    inherit_console: bool = False
 
     def wants_files(self, local_world_size: int) -> bool:
         """Return whether any local rank sends a stream to a file."""

@@ -49,6 +49,11 @@ class Console:
     def text(self) -> str:
         return self.data.decode()
 
+    async def wait_closed(self) -> None:
+        """Return once the writer is gone."""
+        while not self.closed:
+            await self._changed.wait()
+
     async def wait_for(self, text: str, count: int = 1) -> None:
         """Return once ``text`` appeared ``count`` times."""
         while self.text.count(text) < count:
@@ -176,3 +181,54 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class Terminal:
+    """A pseudo-terminal: what a process started on it writes, and a way to type into it."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = os.openpty()
+        os.set_blocking(self.master, False)
+        self.screen = Console()
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    async def read(self) -> None:
+        """Copy the terminal's output to :attr:`screen` until every process holding the
+        terminal closed it (a read then fails with EIO)."""
+        os.close(self.slave)
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except BlockingIOError:
+                await anyio.wait_readable(self.master)
+                continue
+            except OSError:  # EIO: the slave side is closed everywhere
+                break
+            self.screen.write(chunk)
+        self.screen.close()
+        os.close(self.master)
+
+
+@contextlib.asynccontextmanager
+async def on_terminal(
+    *argv: str, launcher: Sequence[str] | None = None
+) -> AsyncIterator[tuple[anyio.abc.Process, Terminal]]:
+    """Run ``aioelastic run ARGV`` (or ``LAUNCHER ARGV``) with a pseudo-terminal as its stdin,
+    stdout and stderr; kill it at the end if it still runs."""
+    program = [sys.executable, "-m", "aioelastic", "run"] if launcher is None else launcher
+    terminal = Terminal()
+    slave = terminal.slave
+    process = await anyio.open_process([*program, *argv], stdin=slave, stdout=slave, stderr=slave)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(terminal.read)
+        try:
+            yield process, terminal
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None:
+                    process.kill()
+                await process.wait()
+            tg.cancel_scope.deadline = anyio.current_time() + 5  # a stray may hold the terminal
+    await process.aclose()

@@ -10,7 +10,15 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.agent.conftest import BOUND, WORKER, free_port, launched, pids_in, wait_gone
+from tests.agent.conftest import (
+    BOUND,
+    WORKER,
+    free_port,
+    launched,
+    on_terminal,
+    pids_in,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -34,8 +42,7 @@ async def test_demo_hung_worker_is_reaped_and_the_group_finishes() -> None:
     assert "rank 2 failed: reaped by the watchdog (SIGKILL): timer 'step-1' expired" in run.err.text
     assert "restarting the worker group (1/1)" in run.err.text
     assert "run succeeded" in run.err.text
-    for rank in range(4):
-        assert f"[{rank}]: step 2 done (attempt 1)" in run.out.text
+    assert run.out.text.count("step 2 done (attempt 1)") == 4
 
 
 async def test_restarts_exhausted_exits_nonzero_with_the_failure_report() -> None:
@@ -88,7 +95,7 @@ async def test_module_mode_runs_a_module_with_python_m() -> None:
         async with launched(*argv, cwd=EXAMPLES.parent) as run:
             status = await run.wait()
     assert status == 0, run
-    assert "[1]: done rank=1 attempt=0 nodes=1" in run.out.text
+    assert "done rank=1 attempt=0 nodes=1" in run.out.text
 
 
 @pytest.mark.parametrize(
@@ -128,8 +135,8 @@ async def test_static_rendezvous_across_two_agents() -> None:
         async with launched(*argv(0)) as first, launched(*argv(1)) as second:
             statuses = [await first.wait(), await second.wait()]
     assert statuses == [0, 0], (first, second)
-    assert "[1]: done rank=1 attempt=0 nodes=2" in first.out.text
-    assert "[3]: done rank=3 attempt=0 nodes=2" in second.out.text
+    assert "done rank=1 attempt=0 nodes=2" in first.out.text
+    assert "done rank=3 attempt=0 nodes=2" in second.out.text
 
 
 def c10d_argv(port: int, nnodes: str, *extra: str) -> list[str]:
@@ -210,4 +217,19 @@ async def test_torch_gloo_all_reduce_across_four_workers() -> None:
             status = await run.wait()
     assert status == 0, run
     for rank in range(4):
-        assert f"[{rank}]: rank {rank}/4 (local {rank}): sum 10" in run.out.text
+        assert f"rank {rank}/4 (local {rank}): sum 10" in run.out.text
+
+
+async def test_tee_relays_a_partial_line_at_once() -> None:
+    """With -t, a prompt without a newline shows (prefixed) before the worker gets its answer."""
+    argv = ["--standalone", "--nproc-per-node", "1", "-t", "1"]
+    with anyio.fail_after(BOUND):
+        async with on_terminal(*argv, str(EXAMPLES / "agent_terminal.py")) as (process, terminal):
+            await terminal.screen.wait_for("[0]: continue? ")
+            terminal.type("yes\n")
+            status = await process.wait()
+        await terminal.screen.wait_closed()
+    assert status == 0, terminal.screen.text
+    assert "rank 0: stdin=True stdout=False stderr=True" in terminal.screen.text
+    assert "\r[0]: progress  50%\r[0]: progress 100%" in terminal.screen.text
+    assert "[0]: continue? yes\r\nanswered 'yes'" in terminal.screen.text  # the echo ends the line

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.agent.conftest import BOUND, TORCHRUN, launched
+from tests.agent.conftest import BOUND, TORCHRUN, launched, on_terminal
 
 pytestmark = pytest.mark.anyio
 
@@ -71,3 +71,19 @@ async def test_sigint_shows_the_workers_keyboard_interrupt(
     assert run.err.text.count("KeyboardInterrupt") >= 2, run
     if launcher is None:
         assert status == 128 + signal.SIGINT, run
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_a_worker_gets_the_launchers_terminal(launcher: Sequence[str] | None) -> None:
+    """Under a pseudo-terminal, a worker's stdin/stdout/stderr are that terminal: it can ask."""
+    argv = ["--standalone", "--nproc-per-node", "1", str(EXAMPLES / "agent_terminal.py")]
+    with anyio.fail_after(BOUND):
+        async with on_terminal(*argv, launcher=launcher) as (process, terminal):
+            await terminal.screen.wait_for("continue? ")
+            terminal.type("yes\n")
+            status = await process.wait()
+        await terminal.screen.wait_closed()
+    assert status == 0, terminal.screen.text
+    assert "rank 0: stdin=True stdout=True stderr=True" in terminal.screen.text
+    assert "progress 100%" in terminal.screen.text
+    assert "answered 'yes'" in terminal.screen.text

@@ -24,6 +24,11 @@ def block_forever() -> None:
     threading.Event().wait()
 
 
+def say(text: str) -> None:
+    """Write one whole line (workers share the console: print() under -u writes in pieces)."""
+    sys.stdout.write(f"{text}\n")
+
+
 @record
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -49,7 +54,7 @@ def main() -> None:
     if args.grandchild:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         pids.append(child.pid)
-    print("pids", *pids, flush=True)
+    say(" ".join(["pids", *map(str, pids)]))
     if rank == args.fail_rank and attempt < args.fail_attempts:
         raise RuntimeError(f"rank {rank} fails on attempt {attempt}")
     if rank == args.hang_rank and attempt == 0:
@@ -61,7 +66,7 @@ def main() -> None:
         block_forever()
     if args.grandchild or args.ignore_sigterm:
         block_forever()
-    print(f"done rank={rank} attempt={attempt} nodes={nodes}", flush=True)
+    say(f"done rank={rank} attempt={attempt} nodes={nodes}")
 
 
 if __name__ == "__main__":
