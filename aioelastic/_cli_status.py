@@ -161,10 +161,19 @@ async def open_store(
 
     if backend == "c10d":
         from aioelastic.rendezvous._c10d import open_tcp_store, parse_endpoint
+        from aioelastic.rendezvous._security import store_credentials
 
         host, port = parse_endpoint(endpoint)
+        credentials = store_credentials(
+            RendezvousParameters(backend, endpoint, run_id, 1, 1, **conf)
+        )
         async with open_tcp_store(
-            host, port, is_host=False, read_timeout=timeout, connect_timeout=timeout
+            host,
+            port,
+            is_host=False,
+            read_timeout=timeout,
+            connect_timeout=timeout,
+            credentials=credentials,
         ) as store:
             yield store
         return

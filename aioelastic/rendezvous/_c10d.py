@@ -3,6 +3,8 @@
 The node whose endpoint is local hosts the store server (or the node with ``is_host=true``);
 every node, the host included, talks to it as a client. When another process on the same host
 already serves the endpoint, a node that was not told ``is_host`` simply becomes a client.
+
+``token_file`` (or ``$AIOELASTIC_STORE_TOKEN_FILE``) secures the store: see :mod:`._security`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._errors import RendezvousConnectionError, RendezvousParameterError
 from aioelastic.rendezvous._parameters import ElasticSettings, RendezvousParameters
-from aioelastic.store import Store, StoreError, TCPStore, TCPStoreServer
+from aioelastic.rendezvous._security import SECURITY_KEYS, store_credentials
+from aioelastic.store import Store, StoreError, StoreRefusedError
+from aioelastic.store._credentials import StoreCredentials
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +88,23 @@ async def open_tcp_store(
     is_host: bool | None,
     read_timeout: float,
     connect_timeout: float,
+    credentials: StoreCredentials | None = None,
 ) -> AsyncIterator[Store]:
-    """Serve the store if this node hosts it, and connect to it; yields the client."""
+    """Serve the store if this node hosts it, and connect to it; yields the client.
+
+    ``credentials`` (a token, see :mod:`._security`) are required of clients by the server
+    this node hosts and presented by its own client.
+    """
+    credentials = credentials or StoreCredentials()
     async with AsyncExitStack() as stack:
         if is_host or (is_host is None and is_local(host)):
             bind = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
             try:
-                await stack.enter_async_context(TCPStoreServer(bind, port))
+                server = credentials.server(bind, port)
+            except ValueError as error:  # require_auth without a token
+                raise RendezvousParameterError(str(error)) from None
+            try:
+                await stack.enter_async_context(server)
             except Exception as error:
                 cause = _os_error(error)
                 if cause is None:
@@ -103,9 +117,16 @@ async def open_tcp_store(
                 logger.info(
                     "%s:%d is served by another process here; joining as a client", host, port
                 )
-        client = TCPStore(host, port, timeout=read_timeout, connect_timeout=connect_timeout)
+        client = credentials.client(
+            host, port, timeout=read_timeout, connect_timeout=connect_timeout
+        )
         try:
             await stack.enter_async_context(client)
+        except StoreRefusedError as error:
+            raise RendezvousConnectionError(
+                f"the rendezvous store at {host}:{port} refused this node: "
+                f"{error.reason.removeprefix('refused the connection: ')}"
+            ) from error
         except StoreError as error:
             raise RendezvousConnectionError(
                 f"cannot reach the rendezvous store at {host}:{port} within "
@@ -117,7 +138,9 @@ async def open_tcp_store(
 
 def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
     """Create a ``c10d`` handler (see the module docstring)."""
-    settings = ElasticSettings.from_parameters(params, extra_keys={"is_host", "store_type"})
+    settings = ElasticSettings.from_parameters(
+        params, extra_keys={"is_host", "store_type", *SECURITY_KEYS}
+    )
     store_type = str(params.get("store_type", "tcp")).strip().lower()
     if store_type != "tcp":
         raise RendezvousParameterError(
@@ -132,6 +155,7 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
         is_host=is_host,
         read_timeout=settings.read_timeout,
         connect_timeout=settings.read_timeout,  # as torch: read_timeout bounds connecting too
+        credentials=store_credentials(params),
     )
     local_addr = params.local_addr or params.get("local_addr")
     return ElasticRendezvousHandler(opener, settings, backend="c10d", local_addr=local_addr)

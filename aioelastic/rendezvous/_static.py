@@ -1,6 +1,7 @@
 """The ``static`` backend: a fixed world size, ranks given in the config.
 
-Rank 0 hosts the TCP store at the endpoint, the others connect. Each node claims its rank,
+Rank 0 hosts the TCP store at the endpoint, the others connect (``token_file`` secures it, as
+for ``c10d``). Each node claims its rank,
 rank 0 publishes where the workers' own store will live (its address and a free port), and
 everyone waits until every rank has arrived, at most ``join_timeout`` (``timeout``) seconds.
 """
@@ -34,9 +35,12 @@ from aioelastic.rendezvous._info import (
     StaticRendezvousStatistics,
 )
 from aioelastic.rendezvous._parameters import RendezvousParameters, seconds
+from aioelastic.rendezvous._security import SECURITY_KEYS, store_credentials
 from aioelastic.store import PrefixStore, Store, StoreError, StoreTimeoutError
 
-STATIC_KEYS = frozenset({"rank", "join_timeout", "timeout", "read_timeout", "local_addr"})
+STATIC_KEYS = frozenset(
+    {"rank", "join_timeout", "timeout", "read_timeout", "local_addr", *SECURITY_KEYS}
+)
 
 
 class StaticRendezvousHandler(RendezvousHandler):
@@ -64,6 +68,7 @@ class StaticRendezvousHandler(RendezvousHandler):
         self._host, self._port = parse_endpoint(params.endpoint)
         self._read_timeout = read
         self._addr = params.local_addr or params.get("local_addr")
+        self._credentials = store_credentials(params)
         self._stack: AsyncExitStack | None = None
         self._store: Store | None = None
         self._info: RendezvousInfo | None = None
@@ -97,6 +102,7 @@ class StaticRendezvousHandler(RendezvousHandler):
                     is_host=self.rank == 0,
                     read_timeout=self._read_timeout,
                     connect_timeout=self.join_timeout,
+                    credentials=self._credentials,
                 )
             )
         except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ from typing import Any
 
 import anyio
 
-from aioelastic.store._tcp_server import TCPStoreServer
+from aioelastic.store._auth import TOKEN_FILE_ENV
+from aioelastic.store._credentials import StoreCredentials
 
 DEFAULT_PORT = 29400
 """The port torchrun's c10d rendezvous uses by default."""
@@ -35,27 +37,23 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--token-file",
         type=Path,
-        help="file holding a shared token that clients must present (surrounding whitespace "
-        "is ignored); strongly advised when binding a non-loopback address",
+        default=os.environ.get(TOKEN_FILE_ENV) or None,
+        help="file holding a shared token that clients must prove they hold (surrounding "
+        f"whitespace is ignored; default: ${TOKEN_FILE_ENV}); strongly advised when binding a "
+        "non-loopback address",
+    )
+    parser.add_argument(
+        "--require-auth",
+        action="store_true",
+        help="refuse to start on a non-loopback address without a token",
     )
     parser.set_defaults(handler=run)
 
 
-def read_token(path: Path) -> bytes:
-    """Return the token in ``path``; raise ``ValueError`` saying why if it is unusable."""
-    try:
-        token = path.read_bytes().strip()
-    except OSError as error:
-        raise ValueError(f"cannot read the token file {str(path)!r}: {error.strerror}") from None
-    if not token:
-        raise ValueError(f"the token file {str(path)!r} is empty; put a secret in it")
-    return token
-
-
-async def serve(host: str, port: int, token: bytes | None) -> None:
+async def serve(host: str, port: int, credentials: StoreCredentials) -> None:
     """Serve until SIGINT or SIGTERM arrives."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with TCPStoreServer(host, port, token=token) as server:
+        async with credentials.server(host, port) as server:
             print(READY_LINE.format(host=host, port=server.port), flush=True)
             async for _ in signals:
                 return
@@ -63,15 +61,14 @@ async def serve(host: str, port: int, token: bytes | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the server described by ``args``; return the exit status."""
-    token = None
-    if args.token_file is not None:
-        try:
-            token = read_token(args.token_file)
-        except ValueError as error:
-            print(f"aioelastic store-server: {error}", file=sys.stderr)
-            return 2
     try:
-        anyio.run(serve, args.host, args.port, token)
+        credentials = StoreCredentials.from_files(
+            token_file=args.token_file, require_auth=args.require_auth
+        )
+        anyio.run(serve, args.host, args.port, credentials)
+    except ValueError as error:  # an unusable token file, or require_auth without a token
+        print(f"aioelastic store-server: {error}", file=sys.stderr)
+        return 2
     except OSError as error:
         print(
             f"aioelastic store-server: cannot listen on {args.host}:{args.port}: {error.strerror}",

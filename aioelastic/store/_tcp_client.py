@@ -35,6 +35,7 @@ import anyio
 import anyio.abc
 
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
+from aioelastic.store._auth import check_proof, new_nonce, proof
 from aioelastic.store._errors import (
     StoreClosedError,
     StoreConnectionError,
@@ -88,8 +89,8 @@ class _Connection(abc.ABC):
         """Send whole frames (a cancelled caller never leaves half a frame behind)."""
 
     @abc.abstractmethod
-    async def first_frames(self) -> list[bytes]:
-        """Wait for the first frames (the handshake reply), before ``dispatch`` is set."""
+    async def handshake_frame(self) -> bytes:
+        """Wait for the next frame of the handshake (before ``dispatch`` is set)."""
 
     @abc.abstractmethod
     async def run(self) -> None:
@@ -138,11 +139,13 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
             raise anyio.BrokenResourceError
         self.transport.write(data)
 
-    async def first_frames(self) -> list[bytes]:
-        await self.arrived.wait()
-        if not self.early:
-            raise anyio.EndOfStream
-        return self.early
+    async def handshake_frame(self) -> bytes:
+        while not self.early:
+            if self.lost.is_set():
+                raise anyio.EndOfStream
+            self.arrived = anyio.Event()
+            await self.arrived.wait()
+        return self.early.pop(0)
 
     async def run(self) -> None:
         await self.lost.wait()
@@ -155,21 +158,21 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
 class _StreamConnection(_Connection):
     """On other backends (trio): an anyio stream and a reading loop."""
 
-    def __init__(self, stream: anyio.abc.SocketStream, max_frame_size: int) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, max_frame_size: int) -> None:
         self.stream = stream
         self.reader = FrameReader(max_frame_size)
         self.lock = anyio.Lock()
+        self.early: list[bytes] = []
 
     async def send(self, data: bytes) -> None:
         with anyio.CancelScope(shield=True):
             async with self.lock:
                 await self.stream.send(data)
 
-    async def first_frames(self) -> list[bytes]:
-        bodies: list[bytes] = []
-        while not bodies:
-            bodies = self.reader.feed(await self.stream.receive(_RECEIVE_SIZE))
-        return bodies
+    async def handshake_frame(self) -> bytes:
+        while not self.early:
+            self.early = self.reader.feed(await self.stream.receive(_RECEIVE_SIZE))
+        return self.early.pop(0)
 
     async def run(self) -> None:
         receive, feed = self.stream.receive, self.reader.feed
@@ -339,18 +342,7 @@ class TCPStore(Store):
     async def _connect_once(self) -> _Connection:
         connection = await self._open()
         try:
-            await connection.send(encode_preamble() + encode_request(Op.HELLO, 0, self._token))
-            bodies = await connection.first_frames()
-            reply = decode_reply(bodies[0])
-            if reply.status is Status.REFUSED:
-                raise StoreRefusedError(
-                    self.endpoint, f"refused the connection: {reply.fields[0]!s}"
-                )
-            if reply.status is not Status.WELCOME:
-                raise StoreProtocolError(f"expected WELCOME, got {reply.status.name}")
-            epoch, limit = reply.fields
-            assert isinstance(epoch, int)
-            assert isinstance(limit, int)
+            epoch, limit = await self._handshake(connection)
             connection.epoch = epoch
             self._frame_limit = min(self.max_frame_size, limit)
             connection.dispatch = self._dispatch
@@ -359,6 +351,49 @@ class TCPStore(Store):
         except BaseException:
             await connection.aclose()
             raise
+
+    async def _handshake(self, connection: _Connection) -> tuple[int, int]:
+        """Say HELLO (and prove the token when asked); return the server's epoch and limit."""
+        token = self._token
+        client_nonce = new_nonce() if token else b""
+        await connection.send(encode_preamble() + encode_request(Op.HELLO, 0, client_nonce))
+        reply = await self._handshake_reply(connection)
+        server_nonce = b""
+        if reply.status is Status.CHALLENGE:
+            if not token:
+                raise StoreRefusedError(
+                    self.endpoint,
+                    "the server requires a token and this client has none; pass the server's "
+                    "token (TCPStore(token=...), --rdzv-conf token_file=PATH)",
+                )
+            (challenge,) = reply.fields
+            assert isinstance(challenge, bytes)
+            server_nonce = challenge
+            client_proof = proof(token, "client", client_nonce, server_nonce)
+            await connection.send(encode_request(Op.AUTH, 0, client_proof))
+            reply = await self._handshake_reply(connection)
+        if reply.status is not Status.WELCOME:
+            raise StoreProtocolError(f"expected WELCOME, got {reply.status.name}")
+        epoch, limit, server_proof = reply.fields
+        assert isinstance(epoch, int)
+        assert isinstance(limit, int)
+        assert isinstance(server_proof, bytes)
+        if token and not (
+            server_nonce
+            and check_proof(token, "server", client_nonce, server_nonce, server_proof)
+        ):
+            raise StoreRefusedError(
+                self.endpoint,
+                "the server did not prove it holds this client's token, so it may not be the "
+                "job's store; start the server with the same token",
+            )
+        return epoch, limit
+
+    async def _handshake_reply(self, connection: _Connection) -> Reply:
+        reply = decode_reply(await connection.handshake_frame())
+        if reply.status is Status.REFUSED:
+            raise StoreRefusedError(self.endpoint, f"refused the connection: {reply.fields[0]!s}")
+        return reply
 
     async def _connect(self, within: float) -> _Connection:
         """Connect, retrying with exponential backoff for up to ``within`` seconds."""

@@ -5,9 +5,13 @@ bytes, big-endian), then speaks in frames. A frame is a 4-byte big-endian body l
 body; the body is a 1-byte kind (an :class:`Op` from the client, a :class:`Status` from the
 server), a 4-byte request id and the kind's fields, laid out as its entry in
 :data:`REQUEST_FIELDS` or :data:`REPLY_FIELDS` says. The first frame is :attr:`Op.HELLO`
-carrying the token (empty if none); the server answers :attr:`Status.WELCOME` with its epoch
-(a number that changes when the server restarts) and the largest frame it accepts, or
-:attr:`Status.REFUSED` and closes. Replies
+carrying the client's nonce (empty if it has no token). A server without a token answers
+:attr:`Status.WELCOME` with its epoch (a number that changes when the server restarts), the
+largest frame it accepts and an empty proof. A server with a token answers
+:attr:`Status.CHALLENGE` with its own nonce, the client sends :attr:`Op.AUTH` with its proof,
+and the server's ``WELCOME`` carries the server's proof (:mod:`._auth` says how proofs are
+made). Either may instead answer :attr:`Status.REFUSED` and close; ``REFUSED`` keeps its code
+and layout across versions, so a client of another version can read why. Replies
 carry the id of their request and may come in any order, so one connection carries many
 concurrent requests. :attr:`Op.CANCEL` withdraws a waiting request (its id is the frame's id)
 and gets no reply.
@@ -33,8 +37,9 @@ from aioelastic.store._errors import StoreProtocolError
 PREAMBLE = b"AIOESTORE"
 """The first bytes a client sends, so a server can tell a stray client from its own."""
 
-VERSION = 2
-"""The protocol version this module speaks (2 added :attr:`Op.TTL_REMAINING`)."""
+VERSION = 3
+"""The protocol version this module speaks (2 added :attr:`Op.TTL_REMAINING`; 3 replaced the
+token sent in ``HELLO`` with a challenge-response that never sends it)."""
 
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 """The largest frame body accepted by default, in bytes."""
@@ -71,6 +76,7 @@ class Op(enum.IntEnum):
     WAIT_FOR_CHANGE = 14
     CANCEL = 15
     TTL_REMAINING = 16
+    AUTH = 17
 
 
 class Status(enum.IntEnum):
@@ -84,6 +90,7 @@ class Status(enum.IntEnum):
     SNAPSHOT = 5
     WELCOME = 6
     SECONDS = 7
+    CHALLENGE = 8
     TIMEOUT = 16
     VALUE_ERROR = 17
     INVALID = 18
@@ -93,7 +100,7 @@ class Status(enum.IntEnum):
 
 
 REQUEST_FIELDS: dict[Op, str] = {
-    Op.HELLO: "b",  # token
+    Op.HELLO: "b",  # client nonce (empty without a token)
     Op.SET: "sbF",  # key, value, ttl
     Op.GET: "sf",  # key, timeout
     Op.ADD: "sn",  # key, amount
@@ -109,6 +116,7 @@ REQUEST_FIELDS: dict[Op, str] = {
     Op.WAIT_FOR_CHANGE: "sif",  # prefix, after, timeout
     Op.CANCEL: "",
     Op.TTL_REMAINING: "s",  # key
+    Op.AUTH: "b",  # client proof
 }
 """The fields of each request, by :class:`Op`."""
 
@@ -119,8 +127,9 @@ REPLY_FIELDS: dict[Status, str] = {
     Status.BOOL: "?",
     Status.VALUES: "B",
     Status.SNAPSHOT: "iSB",  # revision, keys, values
-    Status.WELCOME: "ii",  # server epoch, server's max frame size
+    Status.WELCOME: "iib",  # server epoch, server's max frame size, server proof (or empty)
     Status.SECONDS: "F",  # seconds, or None
+    Status.CHALLENGE: "b",  # server nonce
     Status.TIMEOUT: "Sf",  # keys, timeout
     Status.VALUE_ERROR: "s",  # message
     Status.INVALID: "s",

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import enum
 import errno
-import hmac
 import ipaddress
 import logging
 import math
@@ -35,6 +34,7 @@ from anyio.abc import SocketAttribute
 
 from aioelastic._clock import Clock
 from aioelastic._service import Service
+from aioelastic.store._auth import NONCE_SIZE, TOKEN_FILE_ENV, check_proof, new_nonce, proof
 from aioelastic.store._errors import (
     StoreClosedError,
     StoreProtocolError,
@@ -58,6 +58,8 @@ from aioelastic.store._tcp_codec import (
 log = logging.getLogger("aioelastic.store.tcp")
 
 _RECEIVE_SIZE = 65536
+_HANDSHAKE_FRAME_LIMIT = 1024
+"""The largest frame body read before a client is authenticated."""
 
 
 _BACKLOG = 65535
@@ -105,12 +107,26 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+OPEN_SERVER_HINT = (
+    "accepts any client that can reach it: no token and no TLS; set a token on every node: "
+    f"aioelastic run --rdzv-conf token_file=PATH (or {TOKEN_FILE_ENV}=PATH), "
+    "aioelastic store-server --token-file PATH; require_auth=true makes this an error"
+)
+"""Said when a store listens beyond loopback without a token."""
+
+_WARNED_OPEN: set[str] = set()
+"""Endpoints already warned about, so a restarted rendezvous does not repeat the warning."""
+
+
 class TCPStoreServer(Service):
     """Serves a :class:`MemoryStore` over TCP to :class:`aioelastic.store.TCPStore` clients.
 
     ``port=0`` picks a free port; :attr:`port` reports it once serving. With ``token``, a client
-    must present the same token or is refused. ``clock`` drives TTLs and timeouts (tests pass
-    a manual clock). Use ``async with server:`` or ``await tg.start(server.serve)``.
+    must prove it holds the same token or is refused (the token itself never crosses the wire).
+    Without one on a non-loopback address the server logs a warning, once per endpoint;
+    ``require_auth=True`` makes that a ``ValueError`` instead. ``clock`` drives TTLs and
+    timeouts (tests pass a manual clock). Use ``async with server:`` or
+    ``await tg.start(server.serve)``.
     """
 
     def __init__(
@@ -122,6 +138,7 @@ class TCPStoreServer(Service):
         clock: Clock | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         handshake_timeout: float = 10.0,
+        require_auth: bool = False,
     ) -> None:
         self.host = host
         self.requested_port = port
@@ -130,6 +147,12 @@ class TCPStoreServer(Service):
         self.handshake_timeout = handshake_timeout
         self.epoch = secrets.randbits(63)
         self._token = token.encode() if isinstance(token, str) else token
+        if require_auth and self.open_to_anyone:
+            raise ValueError(
+                f"refusing to serve the store on {host}:{port} without a token: any client that "
+                "can reach it could read and write every key; set a token on every node "
+                f"(token_file=PATH or {TOKEN_FILE_ENV}=PATH), or bind a loopback address"
+            )
         self._port: int | None = None
         self._waits: anyio.abc.TaskGroup | None = None
         self._connections = 0
@@ -150,6 +173,11 @@ class TCPStoreServer(Service):
     @property
     def endpoint(self) -> str:
         return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def open_to_anyone(self) -> bool:
+        """Whether any client that can reach a non-loopback address may use the store."""
+        return self._token is None and not _is_loopback(self.host)
 
     def statistics(self) -> TCPStoreServerStatistics:
         """Return a snapshot of the connection and request counters."""
@@ -180,12 +208,9 @@ class TCPStoreServer(Service):
 
     def _listening(self, port: int) -> None:
         self._port = port
-        if self._token is None and not _is_loopback(self.host):
-            log.warning(
-                "store server on %s accepts any client: no token was given for a "
-                "non-loopback address; pass a token (--token-file) on shared networks",
-                self.endpoint,
-            )
+        if self.open_to_anyone and self.endpoint not in _WARNED_OPEN:
+            _WARNED_OPEN.add(self.endpoint)
+            log.warning("store server on %s %s", self.endpoint, OPEN_SERVER_HINT)
         log.info("store server listening on %s", self.endpoint)
 
     async def _serve_asyncio(self, task_status: anyio.abc.TaskStatus[int]) -> None:
@@ -261,20 +286,10 @@ class TCPStoreServer(Service):
             await send(replies)
         return not session.closing
 
-    def _check_token(self, offered: bytes) -> str | None:
-        """Return why ``offered`` is refused, or None if the client may proceed."""
-        if self._token is None:
-            return None
-        if not offered:
-            return "this server requires a token; pass the server's token to TCPStore(token=...)"
-        if not hmac.compare_digest(offered, self._token):
-            return "the token does not match the server's; check the token file on both ends"
-        return None
-
-
 class _Phase(enum.Enum):
     PREAMBLE = "preamble"
     HELLO = "hello"
+    AUTH = "auth"
     OPEN = "open"
     CLOSED = "closed"
 
@@ -366,8 +381,9 @@ class _Session:
         self.send = send
         self.phase = _Phase.PREAMBLE
         self.closing = False
-        self.preamble = b""
+        self.pending = b""  # handshake bytes not yet answered
         self.reader = FrameReader(server.max_frame_size)
+        self.client_nonce = self.server_nonce = b""
         self.waits: dict[int, anyio.CancelScope] = {}
         self.reported = False
         self.handlers: dict[Op, Callable[[Request], bytes | None]] = {
@@ -386,7 +402,8 @@ class _Session:
             Op.TTL_REMAINING: self._ttl_remaining,
             Op.WAIT_FOR_CHANGE: self._wait_for_change,
             Op.CANCEL: self._cancel,
-            Op.HELLO: self._hello_again,
+            Op.HELLO: self._handshake_again,
+            Op.AUTH: self._handshake_again,
         }
 
     def report(self, reason: str) -> None:
@@ -425,22 +442,65 @@ class _Session:
         """Take received bytes; return the replies to send now (maybe empty)."""
         if self.closing or self.phase is _Phase.CLOSED:
             return b""
-        if self.phase is _Phase.PREAMBLE:
-            self.preamble += data
-            if len(self.preamble) < PREAMBLE_SIZE:
-                return b""
-            data, self.preamble = self.preamble[PREAMBLE_SIZE:], self.preamble[:PREAMBLE_SIZE]
-            try:
-                version = decode_preamble(self.preamble)
-            except StoreProtocolError as error:
-                self._drop(error.reason)
-                return b""
-            if version != VERSION:
-                return self._refuse(
-                    f"the client speaks store protocol version {version}, the server {VERSION}; "
-                    "use the same aioelastic version on both ends"
+        if self.phase is not _Phase.OPEN:
+            handshake, data = self._handshake(data)
+            return handshake + self._requests(data) if data else handshake
+        return self._requests(data)
+
+    def _handshake(self, data: bytes) -> tuple[bytes, bytes]:
+        """Answer the handshake frames in ``data``; return the replies and the bytes after it.
+
+        Frames are split here, one at a time and at most :data:`_HANDSHAKE_FRAME_LIMIT` bytes
+        each, so an unauthenticated peer cannot make the server buffer a large frame, and the
+        requests a client sends right behind its ``HELLO`` are read under the full limit.
+        """
+        pending = self.pending = self.pending + data
+        replies: list[bytes] = []
+        while not self.closing:
+            if self.phase is _Phase.OPEN:
+                self.pending = b""
+                return b"".join(replies), pending
+            if self.phase is _Phase.PREAMBLE:
+                if len(pending) < PREAMBLE_SIZE:
+                    break
+                if (refusal := self._check_preamble(pending[:PREAMBLE_SIZE])) is not None:
+                    replies.append(refusal)
+                    break
+                pending = pending[PREAMBLE_SIZE:]
+                self.phase = _Phase.HELLO
+                continue
+            if len(pending) < 4:
+                break
+            size = int.from_bytes(pending[:4], "big")
+            if size > _HANDSHAKE_FRAME_LIMIT:
+                self._drop(
+                    f"a handshake frame of {size} bytes, above the {_HANDSHAKE_FRAME_LIMIT}-byte "
+                    "limit"
                 )
-            self.phase = _Phase.HELLO
+                break
+            if len(pending) < 4 + size:
+                break
+            body, pending = pending[4 : 4 + size], pending[4 + size :]
+            replies.append(self._hello(body))
+        self.pending = pending
+        return b"".join(replies), b""
+
+    def _check_preamble(self, preamble: bytes) -> bytes | None:
+        """Return the refusal of a preamble (or drop the connection), None if it is ours."""
+        try:
+            version = decode_preamble(preamble)
+        except StoreProtocolError as error:
+            self._drop(error.reason)
+            return b""
+        if version != VERSION:
+            return self._refuse(
+                f"the client speaks store protocol version {version}, the server {VERSION}; "
+                "use the same aioelastic version on both ends"
+            )
+        return None
+
+    def _requests(self, data: bytes) -> bytes:
+        """Answer the requests in ``data`` (the handshake is done)."""
         try:
             bodies = self.reader.feed(data)
         except StoreProtocolError as error:
@@ -448,31 +508,50 @@ class _Session:
             return b""
         replies: list[bytes] = []
         for body in bodies:
-            if self.phase is _Phase.OPEN:
-                if (reply := self._answer(body)) is not None:
-                    replies.append(reply)
-            else:
-                replies.append(self._hello(body))
-                if self.closing:
-                    break
+            if (reply := self._answer(body)) is not None:
+                replies.append(reply)
         return replies[0] if len(replies) == 1 else b"".join(replies)
 
     def _hello(self, body: bytes) -> bytes:
+        """Answer a handshake frame: ``HELLO``, then ``AUTH`` when the server has a token."""
         try:
-            hello = decode_request(body)
+            frame = decode_request(body)
         except StoreProtocolError as error:
             self._drop(f"bad handshake frame: {error.reason}")
             return b""
-        if hello.op is not Op.HELLO:
-            return self._refuse(f"the first request must be HELLO, not {hello.op.name}")
-        token = hello.fields[0]
-        assert isinstance(token, bytes)
-        refusal = self.server._check_token(token)
-        if refusal is not None:
-            return self._refuse(refusal)
+        expected = Op.HELLO if self.phase is _Phase.HELLO else Op.AUTH
+        if frame.op is not expected:
+            return self._refuse(f"expected {expected.name} in the handshake, not {frame.op.name}")
+        (nonce_or_proof,) = frame.fields
+        assert isinstance(nonce_or_proof, bytes)
+        token = self.server._token
+        if token is None:
+            return self._welcome(frame.request_id, b"")
+        if frame.op is Op.HELLO:
+            if not nonce_or_proof:
+                return self._refuse(
+                    "this server requires a token; give the client the server's token "
+                    "(TCPStore(token=...), --rdzv-conf token_file=PATH)"
+                )
+            if len(nonce_or_proof) != NONCE_SIZE:
+                return self._refuse(f"a HELLO nonce must be {NONCE_SIZE} bytes")
+            self.client_nonce, self.server_nonce = nonce_or_proof, new_nonce()
+            self.phase = _Phase.AUTH
+            return encode_reply(Status.CHALLENGE, frame.request_id, self.server_nonce)
+        if not check_proof(token, "client", self.client_nonce, self.server_nonce, nonce_or_proof):
+            return self._refuse(
+                "the token does not match the server's; use the same token file on every node"
+            )
+        return self._welcome(
+            frame.request_id, proof(token, "server", self.client_nonce, self.server_nonce)
+        )
+
+    def _welcome(self, request_id: int, server_proof: bytes) -> bytes:
         self.phase = _Phase.OPEN
         server = self.server
-        return encode_reply(Status.WELCOME, hello.request_id, server.epoch, server.max_frame_size)
+        return encode_reply(
+            Status.WELCOME, request_id, server.epoch, server.max_frame_size, server_proof
+        )
 
     def _answer(self, body: bytes) -> bytes | None:
         """Return the encoded reply to one request, or None if it has none yet."""
@@ -569,8 +648,12 @@ class _Session:
             list(items.values()),
         )
 
-    def _hello_again(self, request: Request) -> bytes:
-        return encode_reply(Status.BAD_REQUEST, request.request_id, "HELLO was already sent")
+    def _handshake_again(self, request: Request) -> bytes:
+        return encode_reply(
+            Status.BAD_REQUEST,
+            request.request_id,
+            f"{request.op.name} after the handshake: HELLO was already sent",
+        )
 
     def _cancel(self, request: Request) -> None:
         scope = self.waits.get(request.request_id)

@@ -158,17 +158,22 @@ def raw_exchange(port: int, *frames: bytes) -> list[tuple[Status, tuple[object, 
 
 
 @pytest.mark.parametrize(
-    "hello",
+    ("hello", "statuses"),
     [
-        [],
-        [encode_request(Op.HELLO, 1, b"")],
-        [encode_request(Op.HELLO, 1, WRONG_TOKEN.encode())],
-        [encode_request(Op.HELLO, 1, TOKEN.encode()[:-1])],
+        ([], [Status.REFUSED]),
+        ([encode_request(Op.HELLO, 1, b"")], [Status.REFUSED]),
+        ([encode_request(Op.HELLO, 1, TOKEN.encode())], [Status.REFUSED]),
+        (
+            [encode_request(Op.HELLO, 1, bytes(32)), encode_request(Op.AUTH, 1, bytes(32))],
+            [Status.CHALLENGE, Status.REFUSED],
+        ),
     ],
-    ids=["no-hello", "empty-token", "wrong-token", "token-prefix"],
+    ids=["no-hello", "no-token", "token-in-hello", "forged-proof"],
 )
-async def test_unauthenticated_client_reaches_no_key(hello: list[bytes]) -> None:
-    """Without the right token a client is refused before any read or write takes effect."""
+async def test_unauthenticated_client_reaches_no_key(
+    hello: list[bytes], statuses: list[Status]
+) -> None:
+    """Without a proof of the token a client is refused before any read or write takes effect."""
     async with TCPStoreServer(token=TOKEN) as server:
         await server.store.set("secret", b"value")
         frames = [
@@ -178,7 +183,7 @@ async def test_unauthenticated_client_reaches_no_key(hello: list[bytes]) -> None
             encode_request(Op.DELETE_KEY, 4, "secret"),
         ]
         replies = await anyio.to_thread.run_sync(raw_exchange, server.port, *frames)
-        assert [status for status, _ in replies] == [Status.REFUSED]
+        assert [status for status, _ in replies] == statuses
         assert await server.store.check(["planted"]) is False
         assert await server.store.get("secret") == b"value"
         assert server.statistics().refused_connections == 1

@@ -31,3 +31,22 @@ def test_memory_example_re_forms_the_round_with_the_late_node() -> None:
         "c: rank 2 of 4",
         "d: rank 3 of 4",
     ]
+
+
+def test_secure_rendezvous_example_refuses_the_intruder_and_forms_the_world() -> None:
+    """secure_rendezvous.py: the node without the token is refused; the two with it join."""
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "secure_rendezvous.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,  # generous: the example needs about a second
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert any(
+        line.startswith("intruder refused:") and "requires a token" in line for line in lines
+    )
+    assert sorted(line for line in lines if line.startswith("joined:")) == [
+        "joined: rank 0 of 2",
+        "joined: rank 1 of 2",
+    ]

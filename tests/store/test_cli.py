@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -61,3 +62,21 @@ async def test_missing_token_file_is_refused(tmp_path: Path) -> None:
     assert f"cannot read the token file '{missing}': No such file or directory" in (
         result.stderr.decode()
     )
+
+
+async def test_require_auth_without_a_token_on_a_public_address_exits_2() -> None:
+    """`--require-auth` makes a tokenless server on a non-loopback address refuse to start."""
+    command = [*SERVER, "--host", "0.0.0.0", "--port", "0", "--require-auth"]
+    result = await anyio.run_process(command, check=False)
+    assert result.returncode == 2
+    assert "refusing to serve the store on 0.0.0.0:0 without a token" in result.stderr.decode()
+
+
+async def test_token_file_defaults_to_the_environment(tmp_path: Path) -> None:
+    """Without --token-file the server reads $AIOELASTIC_STORE_TOKEN_FILE."""
+    token_file = tmp_path / "token"
+    token_file.write_text("  \n")
+    env = {**os.environ, "AIOELASTIC_STORE_TOKEN_FILE": str(token_file)}
+    result = await anyio.run_process([*SERVER, "--port", "0"], check=False, env=env)
+    assert result.returncode == 2
+    assert f"the token file '{token_file}' is empty" in result.stderr.decode()

@@ -276,7 +276,7 @@ async def test_malformed_reply_fails_only_its_call() -> None:
                     request = decode_request(body)
                     requests.append(request)
                     if request.op is Op.HELLO:
-                        await stream.send(encode_reply(Status.WELCOME, 0, 1, 1 << 20))
+                        await stream.send(encode_reply(Status.WELCOME, 0, 1, 1 << 20, b""))
                     else:  # an INT reply whose integer is not decimal
                         bad = encode_reply(Status.BYTES, request.request_id, b"x")
                         await stream.send(bad[:4] + bytes([Status.INT]) + bad[5:])
