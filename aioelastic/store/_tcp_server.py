@@ -42,6 +42,7 @@ from aioelastic.store._errors import (
     StoreValueError,
 )
 from aioelastic.store._memory import MemoryStore
+from aioelastic.store._peers import OncePerPeer
 from aioelastic.store._tcp_codec import (
     DEFAULT_MAX_FRAME_SIZE,
     PREAMBLE_SIZE,
@@ -162,6 +163,7 @@ class TCPStoreServer(Service):
         self._bad_requests = 0
         self._dropped = 0
         self._refused = 0
+        self._unauthenticated = OncePerPeer()
 
     @property
     def port(self) -> int:
@@ -286,6 +288,7 @@ class TCPStoreServer(Service):
             await send(replies)
         return not session.closing
 
+
 class _Phase(enum.Enum):
     PREAMBLE = "preamble"
     HELLO = "hello"
@@ -407,10 +410,20 @@ class _Session:
         }
 
     def report(self, reason: str) -> None:
-        """Log a problem with this client: the first as a warning, the rest at debug level."""
-        level = logging.DEBUG if self.reported else logging.WARNING
+        """Log a problem with this client: the first as a warning, the rest at debug level.
+
+        Before the handshake is done only a host's first problem is a warning, so a host that
+        keeps knocking with no or a wrong token, or with garbage, cannot flood the log.
+        """
+        first = not self.reported and (
+            self.phase is _Phase.OPEN or self.server._unauthenticated.first(self.peer)
+        )
         self.reported = True
-        log.log(level, "store client %s: %s", self.peer, reason)
+        if first and self.phase is not _Phase.OPEN:
+            reason += " (further problems from this host before a handshake: debug level)"
+        log.log(
+            logging.WARNING if first else logging.DEBUG, "store client %s: %s", self.peer, reason
+        )
 
     def close(self) -> None:
         """The connection is gone: withdraw its waits (once)."""

@@ -23,7 +23,15 @@ from aioelastic.rendezvous import (
 )
 from aioelastic.store import StoreRefusedError, TCPStore, TCPStoreServer
 from aioelastic.store._auth import NONCE_SIZE, TOKEN_FILE_ENV, check_proof, proof
-from aioelastic.store._tcp_codec import FrameReader, Status, decode_reply
+from aioelastic.store._peers import OncePerPeer
+from aioelastic.store._tcp_codec import (
+    FrameReader,
+    Op,
+    Status,
+    decode_reply,
+    encode_preamble,
+    encode_request,
+)
 from tests.rendezvous.test_backends import join_all, unused_port
 
 pytestmark = pytest.mark.anyio
@@ -265,3 +273,54 @@ async def test_static_ranks_with_the_token_file_form_a_world(token_file: Path) -
     ]
     infos = await join_all(handlers)
     assert sorted(info.rank for info in infos) == [0, 1]
+
+
+# -- refusals: counted, logged once per host, costing nobody else ---------------------------
+
+
+def knock(port: int, source: str, data: bytes) -> list[Status]:
+    """From ``source``, send ``data``; return the statuses of the replies until the close."""
+    with socket.create_connection(
+        ("127.0.0.1", port), timeout=30, source_address=(source, 0)
+    ) as sock:
+        sock.sendall(data)
+        reader, statuses = FrameReader(), []
+        while chunk := sock.recv(65536):
+            statuses += [decode_reply(body).status for body in reader.feed(chunk)]
+    return statuses
+
+
+async def test_refusals_are_counted_and_warned_about_once_per_host(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Twenty refused knocks from one host and one from another: all counted, two warnings."""
+    caplog.set_level(logging.DEBUG, logger="aioelastic.store.tcp")
+    no_token = encode_preamble() + encode_request(Op.HELLO, 0, b"")
+    async with (
+        TCPStoreServer(token=TOKEN) as server,
+        TCPStore("127.0.0.1", server.port, token=TOKEN) as good,
+    ):
+        for n in range(20):
+            assert await anyio.to_thread.run_sync(knock, server.port, "127.0.0.1", no_token) == [
+                Status.REFUSED
+            ]
+            await good.set("served", str(n))
+        await anyio.to_thread.run_sync(knock, server.port, "127.0.0.2", b"GET / HTTP/1.1\r\n\r\n")
+        assert await good.get("served") == b"19"
+        stats = server.statistics()
+    assert (stats.refused_connections, stats.dropped_connections) == (20, 1)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w.split(":")[0] for w in warned] == ["store client 127.0.0.1", "store client 127.0.0.2"]
+
+
+def test_once_per_peer_forgets_the_oldest_host_past_its_limit() -> None:
+    """Hosts are told apart without their ports, and memory stays bounded."""
+    seen = OncePerPeer(limit=2)
+    assert [seen.first(p) for p in ("10.0.0.1:5", "10.0.0.1:6", "::1:7", "10.0.0.2:8")] == [
+        True,
+        False,
+        True,
+        True,
+    ]
+    assert len(seen) == 2
+    assert seen.first("10.0.0.1:9")  # forgotten, so warned about again
