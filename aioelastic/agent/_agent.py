@@ -45,6 +45,7 @@ from aioelastic.agent._events import (
     AgentEvent,
     AgentStatistics,
     GroupRestarting,
+    LogDirectoryCreated,
     MembershipChanged,
     RendezvousCompleted,
     RendezvousJoining,
@@ -56,7 +57,7 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup, first_of, unwrap_single_error
 from aioelastic.agent._guardian import Guardian, guardian_for
-from aioelastic.agent._logs import console_writer
+from aioelastic.agent._logs import console_writer, make_run_log_dir
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.rendezvous import (
@@ -447,8 +448,8 @@ class ElasticAgent(Service):
         if not logs.wants_files(self.spec.local_world_size):
             return None
         if self._log_dir is None:
-            base = logs.log_dir or tempfile.mkdtemp(prefix="aioelastic-logs-")
-            self._log_dir = Path(base, self._run_id)
+            self._log_dir = make_run_log_dir(logs.log_dir, self._run_id)
+            self._emit(LogDirectoryCreated(str(self._log_dir), temporary=logs.log_dir is None))
         return self._log_dir / f"attempt_{restart_count}"
 
     async def _wait_round_invalidated(self) -> tuple[Outcome, str]:

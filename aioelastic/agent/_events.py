@@ -39,6 +39,14 @@ class RendezvousCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class LogDirectoryCreated:
+    """Worker log files of this run go under ``path`` (``temporary``: no log dir was given)."""
+
+    path: str
+    temporary: bool
+
+
+@dataclass(frozen=True, slots=True)
 class WorkersStarted:
     """The local worker group started; ``ranks`` and ``pids`` are in local-rank order."""
 
@@ -134,6 +142,7 @@ AgentEvent = (
     | GroupRestarting
     | ShutdownRequested
     | RunFinished
+    | LogDirectoryCreated
 )
 
 

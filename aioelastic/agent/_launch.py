@@ -180,6 +180,9 @@ def describe(event: AgentEvent) -> str | None:
                 f"rendezvous complete: node {event.group_rank} of {event.group_world_size}, "
                 f"world size {event.world_size}, master {event.master_addr}:{event.master_port}"
             )
+        case ev.LogDirectoryCreated():
+            where = "a temporary directory, no --log-dir given" if event.temporary else "--log-dir"
+            return f"worker logs in {event.path} ({where})"
         case ev.WorkersStarted():
             pids = " ".join(map(str, event.pids))
             return f"started {len(event.pids)} workers (restart {event.restart_count}): pids {pids}"

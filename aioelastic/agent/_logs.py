@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,15 @@ def plan_streams(
         inherit = console and path is None and (logs.inherit_console or not logs.line_prefix)
         plans.append(StreamPlan(console=console, file=path, inherit=inherit))
     return plans[0], plans[1]
+
+
+def make_run_log_dir(log_dir: str | None, run_id: str) -> Path:
+    """Create this run's own log directory: ``<log_dir>/<run_id>_<random>`` (torchrun's
+    layout), so a re-run with the same id never appends to an earlier run's files. Without
+    ``log_dir``, the base is a new temporary directory."""
+    base = log_dir or tempfile.mkdtemp(prefix="aioelastic-logs-")
+    Path(base).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=base))
 
 
 def line_prefix(template: str, *, rank: int, local_rank: int, role_name: str) -> bytes:

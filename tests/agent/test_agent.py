@@ -17,6 +17,7 @@ from aioelastic.agent import (
     AgentStatistics,
     ElasticAgent,
     GroupRestarting,
+    LogDirectoryCreated,
     LogSpec,
     MembershipChanged,
     RunResult,
@@ -54,11 +55,15 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 async def handler() -> AsyncIterator[RendezvousHandler]:
     """A single-node in-process rendezvous (the memory backend, its own store)."""
-    params = RendezvousParameters(
-        "memory", "agent-tests", "job", min_nodes=1, max_nodes=1, store=MemoryStore()
-    )
-    async with get_rendezvous_handler(params) as handler:
+    async with get_rendezvous_handler(handler_params("job")) as handler:
         yield handler
+
+
+def handler_params(run_id: str) -> RendezvousParameters:
+    """A single-node in-process rendezvous of ``run_id`` on a store of its own."""
+    return RendezvousParameters(
+        "memory", "agent-tests", run_id, min_nodes=1, max_nodes=1, store=MemoryStore()
+    )
 
 
 def spec_for(handler: Any, *args: str, **options: Any) -> WorkerSpec:
@@ -81,6 +86,28 @@ async def run_agent(spec: WorkerSpec, **options: Any) -> tuple[Any, list[AgentEv
     with anyio.fail_after(BOUND):
         result = await agent.run()
     return result, events
+
+
+def run_log_dir(events: list[AgentEvent], log_dir: Path, run_id: str) -> Path:
+    """The run's own log directory, as announced: ``<log_dir>/<run_id>_<random>``."""
+    [path] = [Path(e.path) for e in events if isinstance(e, LogDirectoryCreated)]
+    assert path.parent == log_dir
+    assert path.name.startswith(f"{run_id}_")
+    return path
+
+
+async def test_a_second_run_with_the_same_id_gets_its_own_log_directory(
+    handler: Any, tmp_path: Path
+) -> None:
+    """Reusing --log-dir and the run id never appends to the last run's files (torchrun's)."""
+    logs = LogSpec(log_dir=str(tmp_path), redirects=Std.OUT)
+    _, first = await run_agent(spec_for(handler, logs=logs, max_restarts=0))
+    async with get_rendezvous_handler(handler_params(handler.get_run_id())) as again:
+        _, second = await run_agent(spec_for(again, logs=logs, max_restarts=0))
+    dirs = {run_log_dir(events, tmp_path, handler.get_run_id()) for events in (first, second)}
+    assert len(dirs) == 2
+    for run_dir in dirs:
+        assert (run_dir / "attempt_0" / "0" / "stdout.log").read_text().count("done rank=0") == 1
 
 
 async def test_workers_get_torch_environment(handler: Any, tmp_path: Path) -> None:
@@ -173,11 +200,11 @@ async def test_output_is_prefixed_with_the_rank(handler: Any) -> None:
 
 
 async def test_redirects_send_output_to_files(handler: Any, tmp_path: Path) -> None:
-    """With redirects, stdout goes to <log_dir>/<run>/attempt_0/<rank>/stdout.log only."""
+    """With redirects, stdout goes to <log_dir>/<run>_*/attempt_0/<rank>/stdout.log only."""
     out = Console()
     logs = LogSpec(log_dir=str(tmp_path), redirects=Std.OUT, local_ranks_filter=None)
-    await run_agent(spec_for(handler, logs=logs, max_restarts=0), stdout=out)
-    log = tmp_path / handler.get_run_id() / "attempt_0" / "1" / "stdout.log"
+    _, events = await run_agent(spec_for(handler, logs=logs, max_restarts=0), stdout=out)
+    log = run_log_dir(events, tmp_path, handler.get_run_id()) / "attempt_0" / "1" / "stdout.log"
     assert "done rank=1 attempt=0" in log.read_text()
     assert out.text == ""
 
@@ -357,8 +384,8 @@ async def test_tee_writes_the_console_and_the_file(handler: Any, tmp_path: Path)
     """With tee, a stream reaches the console prefixed and the log file as written."""
     out = Console()
     logs = LogSpec(log_dir=str(tmp_path), tee=Std.OUT, local_ranks_filter=frozenset({1}))
-    await run_agent(spec_for(handler, logs=logs, max_restarts=0), stdout=out)
-    run_dir = tmp_path / handler.get_run_id() / "attempt_0"
+    _, events = await run_agent(spec_for(handler, logs=logs, max_restarts=0), stdout=out)
+    run_dir = run_log_dir(events, tmp_path, handler.get_run_id()) / "attempt_0"
     assert "done rank=0 attempt=0" in (run_dir / "0" / "stdout.log").read_text()
     assert "[1]: done rank=1 attempt=0 nodes=1\n" in out.text
     assert "rank=0" not in out.text

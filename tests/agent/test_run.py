@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import re
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -233,3 +235,26 @@ async def test_tee_relays_a_partial_line_at_once() -> None:
     assert "rank 0: stdin=True stdout=False stderr=True" in terminal.screen.text
     assert "\r[0]: progress  50%\r[0]: progress 100%" in terminal.screen.text
     assert "[0]: continue? yes\r\nanswered 'yes'" in terminal.screen.text  # the echo ends the line
+
+
+async def test_redirects_without_a_log_dir_go_to_a_temporary_directory_named_on_the_console() -> (
+    None
+):
+    """-r without --log-dir: the output lands in a new temporary directory the agent names."""
+    argv = ["--standalone", "--nproc-per-node", "2", "-r", "1", WORKER]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv) as run:
+            status = await run.wait()
+    assert status == 0, run
+    found = re.search(
+        r"worker logs in (\S+) \(a temporary directory, no --log-dir given\)", run.err.text
+    )
+    assert found, run
+    run_dir = Path(found[1])
+    try:
+        assert run.out.text == ""
+        for rank in range(2):
+            log = run_dir / "attempt_0" / str(rank) / "stdout.log"
+            assert f"done rank={rank} attempt=0" in log.read_text()
+    finally:
+        shutil.rmtree(run_dir.parent)
