@@ -42,8 +42,10 @@ import enum
 import functools
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, SupportsIndex
 
 from aioelastic.rendezvous._errors import RendezvousStateError
 from aioelastic.rendezvous._info import InvalidationReason, RoundInvalidated
@@ -155,6 +157,34 @@ def parse_records(items: Mapping[str, bytes]) -> dict[int, JoinRecord]:
     return records
 
 
+class Members(tuple[int, ...]):
+    """Node ids in rank order; ``index`` and ``in`` are dict lookups, not scans, so each of N
+    nodes finding itself (or its ring successor) in a round of N costs O(1), not O(N)."""
+
+    _ranks: dict[int, int]
+
+    def __new__(cls, nodes: Iterable[int]) -> Members:
+        self = super().__new__(cls, nodes)
+        self._ranks = {node: rank for rank, node in enumerate(self)}
+        return self
+
+    def index(self, value: Any, start: SupportsIndex = 0, stop: SupportsIndex = sys.maxsize) -> int:
+        rank = self._ranks.get(value)
+        if rank is None or not (int(start) == 0 and int(stop) == sys.maxsize):
+            return super().index(value, start, stop)
+        return rank
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._ranks
+
+    def rank(self, node: int) -> int | None:
+        """The rank of ``node``, or None if it is not a member."""
+        return self._ranks.get(node)
+
+    def __repr__(self) -> str:
+        return tuple.__repr__(self)
+
+
 @dataclass(frozen=True, slots=True)
 class RoundResult:
     """A sealed round: its members in rank order and where rank 0 is."""
@@ -164,15 +194,18 @@ class RoundResult:
     master_addr: str
     master_port: int
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.members, Members):
+            object.__setattr__(self, "members", Members(self.members))
+
     @property
     def world_size(self) -> int:
         return len(self.members)
 
     def rank_of(self, node: int) -> int | None:
-        try:
-            return self.members.index(node)
-        except ValueError:
-            return None
+        members = self.members
+        assert isinstance(members, Members)  # __post_init__ made it one
+        return members.rank(node)
 
     def encode(self) -> bytes:
         return json.dumps([self.master_addr, self.master_port, self.members]).encode()
@@ -187,7 +220,7 @@ def _decode_result(round_: int, data: bytes) -> RoundResult:
     """Decode a result once per process: the nodes of a simulation all read the same bytes."""
     try:
         addr, port, members = json.loads(data)
-        return RoundResult(round_, tuple(int(m) for m in members), str(addr), int(port))
+        return RoundResult(round_, Members(int(m) for m in members), str(addr), int(port))
     except (ValueError, TypeError) as error:
         raise RendezvousStateError(
             f"result of round {round_} is malformed ({data[:60]!r}): {error}; "
@@ -213,7 +246,7 @@ def seal(round_: int, candidates: Iterable[JoinRecord], max_nodes: int) -> Round
             rest.append(record)
     free = iter(rest)
     members = [slot if slot is not None else next(free) for slot in ranks]
-    return RoundResult(round_, tuple(r.node for r in members), members[0].addr, members[0].port)
+    return RoundResult(round_, Members(r.node for r in members), members[0].addr, members[0].port)
 
 
 # -- the join state machine --------------------------------------------------------------------

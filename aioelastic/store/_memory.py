@@ -3,7 +3,11 @@
 Theory of operation. Every mutation (write, delete, expiry) takes the next revision and records
 it per key in ``_changed`` (deleted keys keep a tombstone there, so a delete is a change too).
 Waiters register an event, either on one missing key (``get``/``wait``) or on a prefix
-(``wait_for_change``); a mutation sets the events of the waiters it concerns. Expiry is lazy:
+(``wait_for_change``); a mutation sets the events of the waiters it concerns. Keys are also
+kept in a directory tree (:mod:`._keyindex`), so a prefix read, a "changed since" check and
+finding the waiters a change concerns cost what the prefix holds or the key's depth, never a
+scan of the whole store: a thousand nodes each watching their own keys cost a thousand times
+one node, not a million. Expiry is lazy:
 every call first removes the keys whose deadline passed. A prefix waiter also sleeps on the
 clock until the earliest deadline under its prefix, so an expiry wakes it at the expiry time
 without any background task. Timeouts run on the same clock, so a test moves time for both.
@@ -24,6 +28,7 @@ import anyio
 from aioelastic._clock import Clock, MonotonicClock
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._errors import StoreClosedError, StoreTimeoutError, StoreValueError
+from aioelastic.store._keyindex import Directory, KeyIndex, split
 
 _TOMBSTONE_SLACK = 1024
 """Deleted keys remembered (for change notification) beyond the number of live keys."""
@@ -78,12 +83,13 @@ class MemoryStore(Store):
         self._realtime = isinstance(self.clock, MonotonicClock)
         self._data: dict[str, bytes] = {}
         self._changed: dict[str, int] = {}  # key -> revision of its last change (incl. deletes)
+        self._index = KeyIndex()  # the keys of _changed, by directory
         self._compacted = 0  # changes at or below this revision may have been forgotten
         self._revision = 0
         self._expiry: dict[str, float] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap; stale entries skipped lazily
         self._key_waiters: dict[str, list[anyio.Event]] = {}
-        self._change_waiters: list[tuple[str, anyio.Event]] = []
+        self._change_waiters: dict[str, list[tuple[str, anyio.Event]]] = {}  # by directory
         self._closed = False
 
     @property
@@ -103,7 +109,7 @@ class MemoryStore(Store):
             expiring_keys=len(self._expiry),
             tombstones=len(self._changed) - len(self._data),
             key_waiters=sum(len(events) for events in self._key_waiters.values()),
-            change_waiters=len(self._change_waiters),
+            change_waiters=sum(len(waiters) for waiters in self._change_waiters.values()),
         )
 
     # -- mutations: the only places that change state -------------------------------------
@@ -115,17 +121,31 @@ class MemoryStore(Store):
         changed, key_waiters = self._changed, self._key_waiters
         for key in keys:
             changed[key] = revision
+            home = self._index.changed(key, revision)
             if key_waiters and key in self._data:
                 for event in key_waiters.pop(key, ()):
                     event.set()
-        if self._change_waiters:
-            kept = []
-            for prefix, event in self._change_waiters:
-                if any(key.startswith(prefix) for key in keys):
-                    event.set()
+            if self._change_waiters:
+                self._wake_change_waiters(key, home)
+
+    def _wake_change_waiters(self, key: str, home: Directory | None) -> None:
+        """Wake the prefix waiters whose prefix ``key`` starts with: those registered in the
+        key's directory or one of its ancestors."""
+        change_waiters = self._change_waiters
+        while home is not None:
+            waiters = change_waiters.get(home.path)
+            if waiters is not None:
+                kept = []
+                for prefix, event in waiters:
+                    if key.startswith(prefix):
+                        event.set()
+                    else:
+                        kept.append((prefix, event))
+                if kept:
+                    change_waiters[home.path] = kept
                 else:
-                    kept.append((prefix, event))
-            self._change_waiters = kept
+                    del change_waiters[home.path]
+            home = home.parent
 
     def _set_expiry(self, key: str, ttl: float | None) -> None:
         if ttl is None:
@@ -143,7 +163,10 @@ class MemoryStore(Store):
         """Forget tombstones once they outnumber live keys by a margin; waiters re-read."""
         if len(self._changed) - len(self._data) <= len(self._data) + _TOMBSTONE_SLACK:
             return
-        self._changed = {key: rev for key, rev in self._changed.items() if key in self._data}
+        data, index = self._data, self._index
+        for key in [key for key in self._changed if key not in data]:
+            index.discard(key)
+        self._changed = {key: rev for key, rev in self._changed.items() if key in data}
         self._compacted = self._revision
 
     def expire_due(self) -> None:
@@ -256,7 +279,8 @@ class MemoryStore(Store):
     def get_prefix_nowait(self, prefix: str) -> Snapshot:
         """Synchronous :meth:`get_prefix`."""
         self._ready()
-        items = {key: value for key, value in self._data.items() if key.startswith(prefix)}
+        data = self._data
+        items = {key: data[key] for key in self._index.keys_under(prefix) if key in data}
         return Snapshot(self._revision, items)
 
     def ttl_remaining_nowait(self, key: str) -> float | None:
@@ -276,12 +300,15 @@ class MemoryStore(Store):
             return False
         if after < self._compacted:
             return True
-        return any(rev > after and key.startswith(prefix) for key, rev in self._changed.items())
+        return self._index.revision_under(prefix, self._changed) > after
 
     def _next_expiry(self, prefix: str) -> float:
         """The earliest TTL deadline of a key under ``prefix`` (``inf`` if none)."""
+        expiry = self._expiry
+        if not expiry:
+            return math.inf
         return min(
-            (deadline for key, deadline in self._expiry.items() if key.startswith(prefix)),
+            (expiry[key] for key in self._index.keys_under(prefix) if key in expiry),
             default=math.inf,
         )
 
@@ -397,19 +424,27 @@ class MemoryStore(Store):
     ) -> int:
         check_key(prefix)
         resolved, deadline = self._deadline(timeout)
+        path = split(prefix)[0]
         while not self.changed_since(prefix, after):
             event = anyio.Event()
             waiter = (prefix, event)
-            self._change_waiters.append(waiter)
+            self._change_waiters.setdefault(path, []).append(waiter)
             try:
                 fired = await self._wait_event(event, min(deadline, self._next_expiry(prefix)))
             finally:
                 if not event.is_set():
-                    self._change_waiters.remove(waiter)
+                    self._forget_change_waiter(path, waiter)
             if not fired and self.clock.now() >= deadline and not self.changed_since(prefix, after):
                 raise StoreTimeoutError([f"{prefix}*"], resolved, self.endpoint)
         await anyio.lowlevel.checkpoint()
         return self._revision
+
+    def _forget_change_waiter(self, path: str, waiter: tuple[str, anyio.Event]) -> None:
+        waiters = self._change_waiters.get(path)
+        if waiters is not None:
+            waiters.remove(waiter)
+            if not waiters:
+                del self._change_waiters[path]
 
     async def aclose(self) -> None:
         """Refuse further calls; calls waiting now raise :class:`StoreClosedError`."""
@@ -417,8 +452,9 @@ class MemoryStore(Store):
         for events in self._key_waiters.values():
             for event in events:
                 event.set()
-        for _, event in self._change_waiters:
-            event.set()
+        for waiters in self._change_waiters.values():
+            for _, event in waiters:
+                event.set()
         self._key_waiters.clear()
         self._change_waiters.clear()
         await anyio.lowlevel.checkpoint()

@@ -11,7 +11,8 @@ from aioelastic.store import MemoryStore, PrefixStore, Store, StoreClosedError, 
 from aioelastic.testing import ManualClock
 from tests.store.conftest import Parked, WatchedClock
 
-_keys = st.sampled_from(["a", "b", "p/a", "p/b"])
+_keys = st.sampled_from(["a", "b", "p/a", "p/b", "p/q/a", "pa"])
+_prefixes = st.sampled_from(["", "p/", "p", "a", "p/q/", "p/q", "x/"])
 _values = st.binary(max_size=4)
 _ttls = st.none() | st.sampled_from([0.5, 1.0, 2.5])
 
@@ -36,11 +37,18 @@ class MemoryStoreModel(RuleBasedStateMachine):
         assert self.store.revision > self.revision
         self.revision = self.store.revision
 
-    @rule(key=_keys, value=_values, ttl=_ttls)
-    def set(self, key: str, value: bytes, ttl: float | None) -> None:
+    @rule(key=_keys, value=_values, ttl=_ttls, prefix=_prefixes)
+    def set(self, key: str, value: bytes, ttl: float | None, prefix: str) -> None:
         self.store.set_nowait(key, value, ttl=ttl)
         self.model[key] = (value, None if ttl is None else self.clock.now() + ttl)
         self.mutated()
+        assert self.store.changed_since(prefix, self.revision - 1) == key.startswith(prefix)
+
+    @rule(prefix=_prefixes)
+    def get_prefix(self, prefix: str) -> None:
+        live = self.live()
+        expected = {k: v for k, v in live.items() if k.startswith(prefix)}
+        assert self.store.get_prefix_nowait(prefix).items == expected
 
     @rule(key=_keys, amount=st.integers(-3, 3))
     def add(self, key: str, amount: int) -> None:
@@ -91,7 +99,7 @@ class MemoryStoreModel(RuleBasedStateMachine):
         self.revision = snapshot.revision
 
     @precondition(lambda self: self.revision > 0)
-    @rule(prefix=st.sampled_from(["", "p/", "a"]))
+    @rule(prefix=_prefixes)
     def nothing_changed_since_now(self, prefix: str) -> None:
         assert not self.store.changed_since(prefix, self.store.revision)
 
