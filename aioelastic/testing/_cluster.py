@@ -30,6 +30,7 @@ from aioelastic.rendezvous import (
 from aioelastic.store import MemoryStore
 from aioelastic.testing._clock import ManualClock
 from aioelastic.testing._faults import FaultyStore
+from aioelastic.testing._settle import wait_all_tasks_blocked
 
 DEFAULT_CONFIG: dict[str, float] = {
     "join_timeout": 600.0,
@@ -276,7 +277,7 @@ class RendezvousCluster:
         chosen = list(self.nodes if nodes is None else nodes)
         step = self.settings.keep_alive_interval
         budget = self.settings.join_timeout + 2 * self.settings.heartbeat_timeout
-        await anyio.wait_all_tasks_blocked()
+        await wait_all_tasks_blocked()
         while any(node.joining for node in chosen):
             if budget <= 0:
                 stuck = [node.name for node in chosen if node.joining]
@@ -332,9 +333,9 @@ class RendezvousCluster:
         if not (seconds >= 0 and math.isfinite(seconds)):
             raise ValueError(f"advance by a finite number of seconds >= 0, not {seconds!r}")
         step = self.settings.keep_alive_interval / 2 if step is None else step
-        await anyio.wait_all_tasks_blocked()
+        await wait_all_tasks_blocked()
         while seconds > 1e-9:
             delta = min(step, seconds)
             self.clock.advance(delta)
             seconds -= delta
-            await anyio.wait_all_tasks_blocked()
+            await wait_all_tasks_blocked()

@@ -163,10 +163,11 @@ class FaultyStore(Store):
         self._in_flight.add(scope)
         try:
             with scope:
-                self._stalls = [s for s in self._stalls if not s.released]
-                for stall in self._stalls:
-                    if stall.matches(operation):
-                        await stall.hold()
+                if self._stalls:
+                    self._stalls = [s for s in self._stalls if not s.released]
+                    for stall in self._stalls:
+                        if stall.matches(operation):
+                            await stall.hold()
                 return await call()
         finally:
             self._in_flight.discard(scope)
