@@ -58,6 +58,7 @@ from aioelastic.agent._events import (
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup, first_of, unwrap_single_error
 from aioelastic.agent._guardian import Guardian, guardian_for
 from aioelastic.agent._logs import console_writer, make_run_log_dir
+from aioelastic.agent._recovery import Attempts
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.rendezvous import (
@@ -123,6 +124,7 @@ class ElasticAgent(Service):
         self._finished: anyio.Event | None = None
         self._final: RunResult | None = None
         self._group: WorkerGroup | None = None
+        self._attempts = Attempts(spec)
         self._given_guardian = guardian
         self._guardian: Guardian | None = None
         self._timer_file: str | None = None
@@ -418,8 +420,7 @@ class ElasticAgent(Service):
     async def _run_attempt(
         self, info: RoundInfo, ranks: list[WorkerRanks]
     ) -> tuple[WorkerGroup, Outcome, str]:
-        group = WorkerGroup(
-            self.spec,
+        group = self._attempts.group(
             info,
             ranks,
             attempt_dir=self._attempt_dir(info.restart_count),

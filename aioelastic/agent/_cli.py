@@ -85,6 +85,14 @@ def _non_negative(kind: Callable[[str], int | float]) -> Callable[[str], Any]:
     return parse
 
 
+def _positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0."""
+    value = float(_non_negative(float)(text))
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return value
+
+
 def parse_port(text: str) -> int:
     """A TCP port, 0-65535."""
     value = _non_negative(int)(text)
@@ -261,6 +269,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         type=parse_port,
         help="serve Prometheus metrics on this port (needs aioelastic[metrics]; 0: any free)",
+    )
+    option(
+        "--recovery",
+        default="restart",
+        choices=("restart", "in-place"),
+        help="what a worker's failure costs: restart the group, or (in-place) replace only that "
+        "worker while the others go on in the next generation (workers use aioelastic.worker)",
+    )
+    option(
+        "--spares",
+        default="0",
+        type=_non_negative(int),
+        help="warm spare workers per node that wait in worker.worlds() (--recovery in-place)",
+    )
+    option(
+        "--recovery-timeout",
+        default="60",
+        type=_positive_seconds,
+        help="seconds a new generation may take to form before a full restart",
     )
     add("training_script", metavar="TRAINING_SCRIPT", help="the worker program")
     add("training_script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")

@@ -123,6 +123,55 @@ class ShutdownRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplacedWorker:
+    """Who took a slot in a new generation: a warm spare or a new process."""
+
+    rank: int
+    local_rank: int
+    failed_pid: int | None
+    """The process that held the slot before (None: a slot new to the world)."""
+    pid: int
+    by_spare: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationAssigned:
+    """In-place recovery: a new generation of the world was assigned (``pids`` in rank order)."""
+
+    generation: int
+    world_size: int
+    reason: str
+    pids: tuple[int, ...]
+    replaced: tuple[ReplacedWorker, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationFormed:
+    """Every member entered the generation; ``since_failure`` is seconds from the failure."""
+
+    generation: int
+    world_size: int
+    reason: str
+    pids: tuple[int, ...]
+    replaced: tuple[ReplacedWorker, ...]
+    since_failure: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryFellBack:
+    """In-place recovery gave up (``reason`` says why): the group restarts as without it."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SpareStarted:
+    """A warm spare was started; it waits in ``worker.worlds()`` for a place."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     """The run ended; ``result`` is what :meth:`ElasticAgent.run` returns."""
 
@@ -141,6 +190,10 @@ AgentEvent = (
     | WorkersStopped
     | GroupRestarting
     | ShutdownRequested
+    | GenerationAssigned
+    | GenerationFormed
+    | RecoveryFellBack
+    | SpareStarted
     | RunFinished
     | LogDirectoryCreated
 )

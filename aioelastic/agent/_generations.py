@@ -341,12 +341,17 @@ class _Recovery:
 class GenerationMachine:
     """The generations of one job's world (see the module docstring)."""
 
-    def __init__(self, nodes: Mapping[int, NodeSpec], *, recovery_timeout: float) -> None:
+    def __init__(
+        self, nodes: Mapping[int, NodeSpec], *, recovery_timeout: float, first_generation: int = 1
+    ) -> None:
         if not nodes:
             raise ValueError("a job's world needs at least one node")
         if not recovery_timeout > 0:
             raise ValueError(f"recovery_timeout must be > 0 seconds, got {recovery_timeout!r}")
+        if first_generation < 1:
+            raise ValueError(f"generations count from 1, got {first_generation!r}")
         self.recovery_timeout = recovery_timeout
+        self.first_generation = first_generation
         self.phase = Phase.WAITING
         self.generation: Generation | None = None
         self._nodes = {node: _Node(spec) for node, spec in sorted(nodes.items())}
@@ -618,7 +623,7 @@ class GenerationMachine:
         fresh = frozenset(
             w.key for w in members if self._formed_once and w.key not in self._holds_state
         )
-        number = 1 if previous is None else previous.number + 1
+        number = self.first_generation if previous is None else previous.number + 1
         generation = Generation(
             number,
             tuple(w.key for w in members),

@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +142,8 @@ class WorkerGroup:
         self.stop_started = math.inf
         self._failures: tuple[WorkerFailure, ...] = ()
         self._pump_scopes: list[anyio.CancelScope] = []
+        self.reported: set[int] = set()
+        """Pids whose failure was already reported while the group ran (in-place recovery)."""
         self._notices, self._receive = anyio.create_memory_object_stream[_Exited | WorkerReaped](
             math.inf
         )
@@ -190,17 +192,7 @@ class WorkerGroup:
                 anyio.create_task_group() as watchers,
             ):
                 try:
-                    for ranks in self.ranks:
-                        worker = self._spawn(ranks, pumps)
-                        self.workers.append(worker)
-                        watchers.start_soon(self._watch, worker)
-                    self._emit(
-                        WorkersStarted(
-                            self.info.restart_count,
-                            tuple(w.ranks.rank for w in self.workers),
-                            tuple(w.process.pid for w in self.workers),
-                        )
-                    )
+                    self._start_workers(pumps, watchers)
                     outcome, detail = await first_of(self._wait_workers, other)
                 finally:
                     with anyio.CancelScope(shield=True):
@@ -228,38 +220,68 @@ class WorkerGroup:
                 continue
             if ended > self.stop_started and reaped is None:
                 continue
-            message, callstack = read_error_file(worker.error_file)
-            failed.append(
-                WorkerFailure(
-                    local_rank=worker.ranks.local_rank,
-                    rank=worker.ranks.rank,
-                    pid=worker.process.pid,
-                    returncode=code,
-                    timestamp=ended,
-                    error_file=worker.error_file,
-                    message=message,
-                    traceback=callstack,
-                    reaped_scope=reaped.scope_id if reaped else None,
-                    stack=self.hang.for_pid(worker.process.pid) if reaped and self.hang else None,
-                    hang=self.hang if reaped else None,
-                )
-            )
+            failed.append(self._failure_of(worker))
         return tuple(sorted(failed, key=lambda f: f.timestamp))
+
+    def _failure_of(self, worker: _Worker) -> WorkerFailure:
+        """What a worker that ended on its own left behind (its error file read once)."""
+        code, ended = worker.process.returncode, worker.ended_at
+        assert code is not None
+        assert ended is not None
+        reaped = self.reaps.get(worker.process.pid)
+        message, callstack = read_error_file(worker.error_file)
+        return WorkerFailure(
+            local_rank=worker.ranks.local_rank,
+            rank=worker.ranks.rank,
+            pid=worker.process.pid,
+            returncode=code,
+            timestamp=ended,
+            error_file=worker.error_file,
+            message=message,
+            traceback=callstack,
+            reaped_scope=reaped.scope_id if reaped else None,
+            stack=self.hang.for_pid(worker.process.pid) if reaped and self.hang else None,
+            hang=self.hang if reaped else None,
+        )
 
     # -- inside run() -----------------------------------------------------------------------
 
-    def _spawn(self, ranks: WorkerRanks, pumps: TaskGroup) -> _Worker:
+    def _start_workers(self, pumps: TaskGroup, watchers: TaskGroup) -> None:
+        """Start one worker per local rank (a subclass may start others)."""
+        for ranks in self.ranks:
+            worker = self._spawn(ranks, pumps)
+            self.workers.append(worker)
+            watchers.start_soon(self._watch, worker)
+        self._emit(
+            WorkersStarted(
+                self.info.restart_count,
+                tuple(w.ranks.rank for w in self.workers),
+                tuple(w.process.pid for w in self.workers),
+            )
+        )
+
+    def _spawn(
+        self,
+        ranks: WorkerRanks,
+        pumps: TaskGroup,
+        *,
+        tag: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        pass_fds: Sequence[int] = (),
+    ) -> _Worker:
+        """Start one worker; ``tag`` (default: its local rank) names its error file."""
         spec, info = self.spec, self.info
+        tag = str(ranks.local_rank) if tag is None else tag
         if self._attempt_dir is not None:
-            error_file = self._attempt_dir / str(ranks.local_rank) / "error.json"
+            error_file = self._attempt_dir / tag / "error.json"
             error_file.parent.mkdir(parents=True, exist_ok=True)
         else:
-            name = f"error-{info.restart_count}-{ranks.local_rank}.json"
-            error_file = Path(self._private_dir, name)
+            error_file = Path(self._private_dir, f"error-{info.restart_count}-{tag}.json")
         error_file.unlink(missing_ok=True)
         env = worker_env(
             os.environ, spec, info, ranks, error_file=str(error_file), timer_file=self._timer_file
         )
+        env.update(extra_env or {})
         prefix = line_prefix(
             spec.logs.line_prefix, rank=ranks.rank, local_rank=ranks.local_rank, role_name=spec.role
         )
@@ -274,6 +296,7 @@ class WorkerGroup:
                 stdout=out.child_end,
                 stderr=err.child_end,
                 guardian=self._guardian,
+                pass_fds=pass_fds,
             )
         finally:
             out.after_spawn()
@@ -344,4 +367,5 @@ class WorkerGroup:
             self._emit(WorkersStopped(reason, signum, len(stubborn)))
         self._failures = self._collect_failures()
         for failure in self._failures:
-            self._emit(WorkerFailed(failure))
+            if failure.pid not in self.reported:
+                self._emit(WorkerFailed(failure))

@@ -63,6 +63,9 @@ class LaunchConfig:
     events_file: str | None = None
     metrics_port: int | None = None
     reap_core_dump: bool = False
+    recovery: str = "restart"
+    spares: int = 0
+    recovery_timeout: float = 60.0
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -91,6 +94,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
     if args.module and args.no_python:
         raise FlagError("--module and --no-python cannot be combined")
+    if args.spares and args.recovery != "in-place":
+        raise FlagError("--spares needs --recovery in-place (spares wait in worker.worlds())")
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
         raise FlagError("--metrics-port needs prometheus-client: pip install 'aioelastic[metrics]'")
     min_nodes, max_nodes = args.nnodes
@@ -144,6 +149,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         events_file=args.events_file,
         metrics_port=args.metrics_port,
         reap_core_dump=args.reap_core_dump,
+        recovery=args.recovery,
+        spares=args.spares,
+        recovery_timeout=args.recovery_timeout,
     )
 
 
@@ -203,6 +211,27 @@ def describe(event: AgentEvent) -> str | None:
             return f"restarting the worker group ({event.restart_count}/{event.max_restarts})"
         case ev.MembershipChanged():
             return f"membership changed ({event.reason.lower()}): re-rendezvous"
+        case ev.GenerationAssigned():
+            replaced = ", ".join(
+                f"rank {r.rank} -> {'spare' if r.by_spare else 'new process'} pid {r.pid}"
+                for r in event.replaced
+            )
+            extra = f"; {replaced}" if replaced and event.generation > 1 else ""
+            return (
+                f"generation {event.generation}: world size {event.world_size} "
+                f"({event.reason}){extra}"
+            )
+        case ev.GenerationFormed():
+            took = (
+                ""
+                if event.since_failure is None
+                else f", {event.since_failure * 1000:.0f} ms after the failure"
+            )
+            return f"generation {event.generation} formed{took}"
+        case ev.RecoveryFellBack():
+            return f"in-place recovery fell back to a restart: {event.reason}"
+        case ev.SpareStarted():
+            return f"started a spare worker: pid {event.pid}"
         case ev.ShutdownRequested():
             return f"received {signal_name(event.signal)}: stopping the workers"
         case ev.RunFinished():
@@ -294,6 +323,9 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         shutdown_timeout=config.shutdown_timeout,
                         logs=config.logs,
                         forensics=ForensicsSpec(core_dump=config.reap_core_dump),
+                        recovery=config.recovery,
+                        spares=config.spares,
+                        recovery_timeout=config.recovery_timeout,
                     )
                     router.agent = ElasticAgent(
                         spec,

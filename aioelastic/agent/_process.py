@@ -84,12 +84,14 @@ class WorkerProcess:
         stderr: Redirect = None,
         cwd: str | None = None,
         guardian: Guardian | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> WorkerProcess:
         """Start ``argv`` in a new session with ``env``; raise :class:`WorkerSpawnError`.
 
         ``stdin`` is ``/dev/null`` unless given (``None``: the agent's own, a terminal say).
 
-        ``guardian`` (the agent's) is told about the worker's group while it may run.
+        ``guardian`` (the agent's) is told about the worker's group while it may run;
+        ``pass_fds`` stay open in the worker under the same numbers.
         """
         program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
         if program is None:  # checked here: behind setpriv, exec errors would be exit codes
@@ -105,6 +107,7 @@ class WorkerProcess:
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
+                pass_fds=tuple(pass_fds),
             )
         except OSError as exc:
             raise WorkerSpawnError(list(argv), exc) from exc

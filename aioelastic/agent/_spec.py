@@ -14,6 +14,9 @@ from aioelastic.agent._errors import WorkerSpecError
 if TYPE_CHECKING:
     from aioelastic.rendezvous import RendezvousHandler
 
+RECOVERY_MODES = ("restart", "in-place")
+"""What a worker's failure costs: a restart of the group, or only that worker's replacement."""
+
 DEFAULT_LINE_PREFIX = "[${rank}]: "
 """Console line prefix template; ``${rank}``, ``${local_rank}`` and ``${role_name}`` expand."""
 
@@ -118,8 +121,11 @@ class WorkerSpec:
     ``entrypoint=sys.executable, args=("-u", "train.py", ...)``). ``env`` is added to the
     agent's own environment. ``watchdog=None`` follows ``TORCHELASTIC_ENABLE_FILE_TIMER``
     (on unless it is ``0``); ``forensics`` says what is captured before it reaps a worker.
-    ``shutdown_timeout`` is how long stopping workers waits after the
-    polite signal before SIGKILL.
+    ``shutdown_timeout`` is how long stopping workers waits after the polite signal before
+    SIGKILL. ``recovery="in-place"`` replaces only a failed worker (by one of ``spares`` warm
+    spares when there is one) and moves the others to the next generation of the world, for
+    workers that use :mod:`aioelastic.worker`; a generation that does not form within
+    ``recovery_timeout`` seconds costs a restart as with ``recovery="restart"``.
     """
 
     entrypoint: str
@@ -134,8 +140,21 @@ class WorkerSpec:
     exit_barrier_timeout: float = 300.0
     logs: LogSpec = field(default_factory=LogSpec)
     forensics: ForensicsSpec = field(default_factory=ForensicsSpec)
+    recovery: str = "restart"
+    spares: int = 0
+    recovery_timeout: float = 60.0
 
     def __post_init__(self) -> None:
+        if self.recovery not in RECOVERY_MODES:
+            raise WorkerSpecError("recovery", self.recovery, "must be 'restart' or 'in-place'")
+        if self.spares < 0:
+            raise WorkerSpecError("spares", self.spares, "must be >= 0")
+        if self.spares and self.recovery != "in-place":
+            raise WorkerSpecError("spares", self.spares, "spares need recovery='in-place'")
+        if not (math.isfinite(self.recovery_timeout) and self.recovery_timeout > 0):
+            raise WorkerSpecError(
+                "recovery_timeout", self.recovery_timeout, "must be a positive number of seconds"
+            )
         if not self.entrypoint:
             raise WorkerSpecError("entrypoint", self.entrypoint, "name the program to run")
         if self.local_world_size < 1:

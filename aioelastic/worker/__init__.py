@@ -1,0 +1,21 @@
+"""The worker's side of in-place recovery: one :class:`World` per generation of the job's world.
+
+```python
+from aioelastic import worker
+
+for world in worker.worlds():          # blocks until this process has a place
+    with world:                         # the world ending ends the world, not the process
+        world.init_process_group("gloo")
+        if world.fresh_ranks:           # someone holds no state: send it from source_rank
+            ...
+        train(world)                    # world.check() at a step boundary
+```
+Under ``aioelastic run --recovery in-place`` a failed worker is replaced and the survivors go
+on in the next world; anywhere else :func:`worlds` yields one world from torch's environment.
+"""
+
+from aioelastic.worker._link import AgentLinkError
+from aioelastic.worker._protocol import LinkProtocolError
+from aioelastic.worker._world import World, WorldChanged, async_worlds, worlds
+
+__all__ = ["AgentLinkError", "LinkProtocolError", "World", "WorldChanged", "async_worlds", "worlds"]

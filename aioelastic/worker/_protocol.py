@@ -1,0 +1,126 @@
+"""The agent-worker link under ``--recovery in-place``: messages as data, one JSON object a line.
+
+The agent gives each worker one end of a socket pair (its number in ``AIOELASTIC_WORKER_FD``).
+The worker says :class:`Hello` when it asks for a world, :class:`Enter` when it enters one and
+:class:`Trouble` when an exception left ``with world:`` (is it the world's end, or the worker's
+own bug?). The agent sends :class:`WorldAssigned`, :class:`WorldEnded`, :class:`StillValid` (the
+answer to :class:`Trouble` when no end came within the grace) and :class:`NoMoreWorlds`. Pure:
+no I/O here; both sides frame with :class:`LineDecoder`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+WORKER_FD_ENV = "AIOELASTIC_WORKER_FD"
+"""The environment variable naming the worker's end of its link to the agent."""
+
+MAX_LINE = 64 * 1024
+"""No message is longer; a longer line means the peer is not speaking this protocol."""
+
+
+class LinkProtocolError(Exception):
+    """The other end sent something that is not a message of the agent-worker link."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Worker -> agent: this process asks for a world (``worker.worlds()``)."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Enter:
+    """Worker -> agent: it entered ``generation`` (``with world:``)."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Trouble:
+    """Worker -> agent: an exception is leaving ``with world:`` of ``generation``."""
+
+    generation: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorldAssigned:
+    """Agent -> worker: its place in a generation, and where that generation's store is."""
+
+    generation: int
+    rank: int
+    world_size: int
+    local_rank: int
+    is_fresh: bool
+    source_rank: int
+    fresh_ranks: tuple[int, ...]
+    store: dict[str, Any]
+    """``{"kind": "file", "path": ...}`` or ``{"kind": "tcp", "host", "port", "prefix"}``."""
+    timeout: float
+    """Seconds a collective of this world may block before it raises (the process group's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorldEnded:
+    """Agent -> worker: ``generation`` is over (a member failed or left, or a node joined)."""
+
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StillValid:
+    """Agent -> worker: ``generation`` did not end; the exception is the worker's own."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class NoMoreWorlds:
+    """Agent -> worker: there will be no further world (the job finished); leave the loop."""
+
+    reason: str
+
+
+Message = Hello | Enter | Trouble | WorldAssigned | WorldEnded | StillValid | NoMoreWorlds
+_KINDS: dict[str, type[Message]] = {
+    cls.__name__: cls
+    for cls in (Hello, Enter, Trouble, WorldAssigned, WorldEnded, StillValid, NoMoreWorlds)
+}
+
+
+def encode(message: Message) -> bytes:
+    """One line: ``{"kind": ..., fields...}`` and a newline."""
+    return json.dumps({"kind": type(message).__name__, **asdict(message)}).encode() + b"\n"
+
+
+def decode(line: bytes) -> Message:
+    """Parse one line written by :func:`encode`; raise :class:`LinkProtocolError`."""
+    try:
+        data = json.loads(line)
+        cls = _KINDS[data.pop("kind")]
+        values = {f.name: data[f.name] for f in fields(cls)}
+        if "fresh_ranks" in values:
+            values["fresh_ranks"] = tuple(int(r) for r in values["fresh_ranks"])
+        return cls(**values)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LinkProtocolError(f"not a message of the agent-worker link: {line[:80]!r}") from exc
+
+
+class LineDecoder:
+    """Splits a byte stream into messages."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[Message]:
+        """Add received bytes; return the complete messages among them, in order."""
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        if len(self._buffer) > MAX_LINE:
+            raise LinkProtocolError(f"a line longer than {MAX_LINE} bytes")
+        return [decode(line) for line in lines if line]

@@ -1,0 +1,304 @@
+"""``worker.worlds()``: one :class:`World` per generation this process has a place in.
+
+Under ``aioelastic run --recovery in-place`` the agent links each worker to itself (see
+``_protocol.py``): :func:`worlds` says hello, then yields each world the agent assigns, until
+the job is done. A world ends when a member fails, a node is lost or joins; ``with world:``
+turns an exception caused by that end into leaving the world (the loop goes on to the next
+one), while an exception of a world that is still valid propagates: the worker fails as it
+would without the API. Anywhere else (``--recovery restart``, torchrun, or no launcher at
+all) :func:`worlds` yields exactly one world made from torch's environment variables, so the
+same script runs everywhere.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from types import TracebackType
+from typing import Any
+
+from aioelastic.worker._link import AgentLinkError, Link
+from aioelastic.worker._protocol import Enter, Hello, Trouble, WorldAssigned
+
+logger = logging.getLogger("aioelastic.worker")
+
+DEFAULT_TIMEOUT = 1800.0
+"""A world's collective timeout without an agent (torch's default for gloo: 30 minutes)."""
+
+
+class WorldChanged(Exception):
+    """The world this worker was in ended (``world.check()`` raises it at a step boundary)."""
+
+    def __init__(self, generation: int, reason: str) -> None:
+        super().__init__(f"generation {generation} of the world ended: {reason}")
+        self.generation = generation
+        self.reason = reason
+
+
+class World:
+    """This process's place in one generation of the job's world.
+
+    ``rank``/``world_size``/``local_rank`` are this generation's (ranks are dense; a survivor
+    keeps its rank where it can). ``generation`` strictly increases within a job. ``is_fresh``
+    says this process holds none of the previous generation's state (a spare or a
+    replacement): it receives it from ``source_rank``; ``fresh_ranks`` lists every such rank,
+    so the others know to send. ``store`` is a store for this generation only (pass it to
+    ``init_process_group``); ``timeout`` is what a collective may block before it raises.
+    """
+
+    def __init__(self, assigned: WorldAssigned, link: Link | None) -> None:
+        self.generation = assigned.generation
+        self.rank = assigned.rank
+        self.world_size = assigned.world_size
+        self.local_rank = assigned.local_rank
+        self.is_fresh = assigned.is_fresh
+        self.source_rank = assigned.source_rank
+        self.fresh_ranks = assigned.fresh_ranks
+        self.timeout = datetime.timedelta(seconds=assigned.timeout)
+        self._store_spec = assigned.store
+        self._store: Any = None
+        self._link = link
+        self._asked = False
+        self.ended: str | None = None
+        """Why this world ended, once this process knows it did."""
+
+    @property
+    def round(self) -> int:
+        """The rendezvous round of the agents this world belongs to (``AIOELASTIC_ROUND``)."""
+        return int(os.environ.get("AIOELASTIC_ROUND", "0"))
+
+    @property
+    def store(self) -> Any:
+        """A ``torch.distributed.Store`` scoped to this generation (created on first use)."""
+        if self._store is None:
+            self._store = _open_store(self._store_spec, self)
+        return self._store
+
+    def init_process_group(self, backend: str = "gloo", **options: Any) -> None:
+        """``torch.distributed.init_process_group`` for this world: its store, rank, size and
+        timeout (``options`` go to torch as they are and win)."""
+        import torch.distributed as dist
+
+        kwargs: dict[str, Any] = {
+            "store": self.store,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "timeout": self.timeout,
+        }
+        dist.init_process_group(backend, **{**kwargs, **options})
+
+    # -- has it ended? ------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise :class:`WorldChanged` if this world ended; otherwise return at once."""
+        reason = self._end_reason()
+        if reason is not None:
+            raise WorldChanged(self.generation, reason)
+
+    async def wait_changed(self) -> WorldChanged:
+        """Wait until this world ends; return the exception :meth:`check` would raise."""
+        link = self._require_link()
+        while (reason := self._end_reason()) is None:
+            await link.wait_async()
+        return WorldChanged(self.generation, reason)
+
+    def _end_reason(self) -> str | None:
+        if self.ended is None and self._link is not None:
+            self._link.poll()
+            self.ended = self._link.end_of(self.generation)
+        return self.ended
+
+    def _require_link(self) -> Link:
+        if self._link is None:
+            raise AgentLinkError(
+                "this world has no agent to end it (not under aioelastic run --recovery in-place)"
+            )
+        return self._link
+
+    # -- with world: ------------------------------------------------------------------------
+
+    def __enter__(self) -> World:
+        if self._link is not None:
+            self._link.send(Enter(self.generation))
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        # The process group goes after the verdict: destroying it first would break the
+        # peers' collectives and make them ask too, while this world is still valid.
+        try:
+            if error is None or not isinstance(error, Exception):
+                return False
+            if isinstance(error, WorldChanged):
+                self.ended = error.reason
+                return True
+            link = self._link
+            if link is not None and self._end_reason() is None:
+                self._ask(link, error)
+                while self._end_reason() is None and self.generation not in link.valid:
+                    link.wait()
+            return self._left(error)
+        finally:
+            _destroy_process_group()
+
+    async def __aenter__(self) -> World:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        link = self._link
+        if isinstance(error, Exception) and not isinstance(error, WorldChanged) and link:
+            if self._end_reason() is None:
+                self._ask(link, error)
+            while self._end_reason() is None and self.generation not in link.valid:
+                await link.wait_async()
+        return self.__exit__(kind, error, tb)
+
+    def _ask(self, link: Link, error: BaseException) -> None:
+        """Ask the agent (once) whether this world ended, as ``error`` suggests it might."""
+        if not self._asked:
+            self._asked = True
+            link.send(Trouble(self.generation, f"{type(error).__name__}: {error}"[:1000]))
+
+    def _left(self, error: BaseException) -> bool:
+        """Swallow ``error`` if this world ended (it is the end's doing), else let it go."""
+        if self.ended is None:
+            return False
+        logger.info(
+            "generation %d ended (%s); left it on %s", self.generation, self.ended, type(error)
+        )
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"World(generation={self.generation}, rank={self.rank}, "
+            f"world_size={self.world_size}, is_fresh={self.is_fresh})"
+        )
+
+
+# -- the loops ----------------------------------------------------------------------------------
+
+
+def worlds() -> Iterator[World]:
+    """Yield this process's world, one per generation, until the job is done (blocks between).
+
+    Leaving a world's ``with`` block normally (the training finished) ends the loop; leaving it
+    because the world ended waits for the next generation.
+    """
+    link = Link.from_env() if _LINK is None else _LINK
+    if link is None:
+        yield _world_from_env()
+        return
+    _remember(link)
+    link.send(Hello(os.getpid()))
+    while True:
+        assigned = link.next_world()
+        while assigned is None and link.no_more is None:
+            link.wait()
+            assigned = link.next_world()
+        if assigned is None:
+            return
+        world = World(assigned, link)
+        yield world
+        if world._end_reason() is None:
+            return
+
+
+async def async_worlds() -> AsyncIterator[World]:
+    """:func:`worlds` for async workers: waits on the event loop, never blocks it."""
+    link = Link.from_env() if _LINK is None else _LINK
+    if link is None:
+        yield _world_from_env()
+        return
+    _remember(link)
+    link.send(Hello(os.getpid()))
+    while True:
+        assigned = link.next_world()
+        while assigned is None and link.no_more is None:
+            await link.wait_async()
+            assigned = link.next_world()
+        if assigned is None:
+            return
+        world = World(assigned, link)
+        yield world
+        if world._end_reason() is None:
+            return
+
+
+_LINK: Link | None = None
+
+
+def _remember(link: Link) -> None:
+    """The link outlives one loop: a second ``worlds()`` in the same process reuses it."""
+    global _LINK
+    _LINK = link
+
+
+def _world_from_env() -> World:
+    """The one world of a worker without an agent link: torch's environment variables."""
+    rank = int(os.environ.get("RANK", "0"))
+    assigned = WorldAssigned(
+        generation=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) + 1,
+        rank=rank,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        is_fresh=False,
+        source_rank=0,
+        fresh_ranks=(),
+        store={
+            "kind": "env",
+            "host": os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            "port": int(os.environ.get("MASTER_PORT", "29500")),
+            "is_master": rank == 0
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true",
+        },
+        timeout=DEFAULT_TIMEOUT,
+    )
+    return World(assigned, None)
+
+
+def _open_store(spec: dict[str, Any], world: World) -> Any:
+    try:
+        dist: Any = importlib.import_module("torch.distributed")
+    except ImportError:
+        raise AgentLinkError(
+            "World.store is a torch.distributed.Store: install torch to use it"
+        ) from None
+    prefix = f"aioelastic/gen{world.generation}/"
+    kind = spec.get("kind")
+    if kind == "file":
+        return dist.FileStore(str(spec["path"]), -1)
+    if kind == "tcp":
+        base = dist.TCPStore(
+            str(spec["host"]), int(spec["port"]), is_master=False, timeout=world.timeout
+        )
+        return dist.PrefixStore(str(spec.get("prefix", prefix)), base)
+    if kind == "env":
+        base = dist.TCPStore(
+            str(spec["host"]),
+            int(spec["port"]),
+            world.world_size,
+            is_master=bool(spec["is_master"]),
+            timeout=world.timeout,
+        )
+        return dist.PrefixStore(prefix, base)
+    raise AgentLinkError(f"the agent described a store this version cannot open: {spec!r}")
+
+
+def _destroy_process_group() -> None:
+    """Destroy torch's default process group if this process made one (torch not imported: no)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,162 @@
+"""``aioelastic run --recovery in-place``: real agents, real workers, real gloo, real kill -9."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.agent.conftest import BOUND, WORKER, launched
+
+pytestmark = pytest.mark.anyio
+
+WORKERS = Path(__file__).parent / "workers"
+TORCH_WORKER = str(WORKERS / "inplace_torch.py")
+PLAIN_WORKER = str(WORKERS / "inplace_plain.py")
+EXAMPLES = Path(__file__).parents[2] / "examples"
+IN_PLACE = ["--standalone", "--recovery", "in-place"]
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio")])
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """The tests only drive subprocesses."""
+    return request.param
+
+
+def members(text: str, generation: int) -> dict[int, int]:
+    """Rank -> pid of ``generation``, as its workers reported it."""
+    pattern = rf"gen {generation} rank (\d+) of \d+ pid (\d+)"
+    return {int(rank): int(pid) for rank, pid in re.findall(pattern, text)}
+
+
+def check_every_sum(text: str) -> dict[int, int]:
+    """Every step's all_reduce summed exactly the pids of its generation; steps per generation."""
+    steps: dict[int, int] = {}
+    for gen, _rank, _step, total in re.findall(r"gen (\d+) rank (\d+) step (\d+) sum (\d+)", text):
+        expected = sum(members(text, int(gen)).values())
+        assert int(total) == expected, f"generation {gen} summed {total}, its members {expected}"
+        steps[int(gen)] = steps.get(int(gen), 0) + 1
+    return steps
+
+
+def spares_started(text: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"started a spare worker: pid (\d+)", text)]
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.parametrize("spares", [0, 1])
+async def test_kill_9_replaces_one_worker_and_the_survivors_train_on(spares: int) -> None:
+    """4 gloo workers, one killed: survivors keep their pids, every sum is exactly its world's."""
+    argv = [*IN_PLACE, "--nproc-per-node", "4", "--spares", str(spares)]
+    with anyio.fail_after(BOUND * 3):
+        async with launched(*argv, TORCH_WORKER, "--steps", "30") as run:
+            await run.out.wait_for("gen 1 rank 2 step 3 sum")
+            victim = members(run.out.text, 1)[2]
+            os.kill(victim, signal.SIGKILL)
+            status = await run.wait()
+    assert status == 0, run
+    first, second = members(run.out.text, 1), members(run.out.text, 2)
+    assert [first[r] for r in (0, 1, 3)] == [second[r] for r in (0, 1, 3)]
+    assert second[2] != victim
+    assert f"gen 2 rank 2 of 4 pid {second[2]} fresh 1" in run.out.text
+    steps = check_every_sum(run.out.text)
+    assert set(steps) == {1, 2}
+    assert sum(steps.values()) >= 30 * 4
+    assert "rank 2 failed: killed by SIGKILL" in run.err.text
+    assert "generation 2 formed" in run.err.text
+    assert "restarting the worker group" not in run.err.text
+    for pid in second.values():
+        assert f"done pid {pid} step 30" in run.out.text
+    if spares:
+        started = spares_started(run.err.text)
+        assert second[2] == started[0]  # the spare took the place
+        assert len(started) == 2  # and a new spare was started
+        assert f"rank 2 -> spare pid {started[0]}" in run.err.text
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+async def test_a_workers_own_exception_fails_that_worker(tmp_path: Path) -> None:
+    """Rank 1 raises while its world is valid: it fails with its traceback, the others go on."""
+    argv = [*IN_PLACE, "--nproc-per-node", "3"]
+    script = [TORCH_WORKER, "--steps", "8", "--raise-at", "3", "--marker", str(tmp_path / "m")]
+    with anyio.fail_after(BOUND * 3):
+        async with launched(*argv, *script) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert "rank 1 failed: exit code 1" in run.err.text
+    assert "ValueError: rank 1's own bug at step 3" in run.err.text
+    assert "rank 0 failed" not in run.err.text
+    assert "rank 2 failed" not in run.err.text
+    first, second = members(run.out.text, 1), members(run.out.text, 2)
+    assert first[1] != second[1]
+    assert [first[r] for r in (0, 2)] == [second[r] for r in (0, 2)]
+    check_every_sum(run.out.text)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+async def test_the_in_place_example_runs() -> None:
+    """examples/agent_inplace_torch.py trains to the end under in-place recovery with a spare."""
+    argv = [*IN_PLACE, "--nproc-per-node", "2", "--spares", "1"]
+    with anyio.fail_after(BOUND * 3):
+        async with launched(*argv, str(EXAMPLES / "agent_inplace_torch.py")) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert run.out.text.count("finished at step") == 2
+
+
+async def test_a_generation_that_does_not_form_in_time_falls_back_to_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The replacement hangs before asking for a world: after the timeout, a full restart."""
+    hang, finish = tmp_path / "hang", tmp_path / "finish"
+    argv = [*IN_PLACE, "--nproc-per-node", "2", "--max-restarts", "1", "--recovery-timeout", "2"]
+    script = [PLAIN_WORKER, "--hang-once", str(hang), "--exit-when", str(finish)]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, *script) as run:
+            await run.out.wait_for("gen 1 rank", count=2)
+            hang.write_text("")
+            os.kill(members_plain(run.out.text, 1)[1], signal.SIGKILL)
+            await run.err.wait_for("restarting the worker group (1/1)")
+            await run.out.wait_for("gen 3 rank", count=2)
+            finish.write_text("")
+            status = await run.wait()
+    assert status == 0, run
+    assert (
+        "in-place recovery fell back to a restart: generation 2 did not form within 2 s: "
+        "rank 1 (worker 0.2) never asked for a world"
+    ) in run.err.text
+    assert "hanging pid" in run.out.text
+
+
+async def test_workers_that_do_not_use_the_api_keep_todays_behaviour() -> None:
+    """Under --recovery in-place, a worker that never asks for a world fails as a restart."""
+    argv = [*IN_PLACE, "--nproc-per-node", "2", "--max-restarts", "1"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, WORKER, "--fail-rank", "1") as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert "before every worker asked for a world" in run.err.text
+    assert "restarting the worker group (1/1)" in run.err.text
+
+
+def members_plain(text: str, generation: int) -> dict[int, int]:
+    """Rank -> pid of ``generation`` for the plain worker."""
+    pattern = rf"gen {generation} rank (\d+) pid (\d+)"
+    return {int(rank): int(pid) for rank, pid in re.findall(pattern, text)}
+
+
+async def test_spares_need_in_place_recovery() -> None:
+    """--spares without --recovery in-place is refused with one line naming both flags."""
+    async with launched("--standalone", "--spares", "1", WORKER) as run:
+        status = await run.wait()
+    assert status == 2
+    assert "--spares needs --recovery in-place" in run.err.text

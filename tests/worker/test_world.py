@@ -1,0 +1,192 @@
+"""``aioelastic.worker`` against a stand-in agent: the other end of a real socket pair."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from aioelastic import worker
+from aioelastic.worker import _protocol as p
+from aioelastic.worker import _world
+
+
+class Agent:
+    """The agent's end of a worker's link: what the worker said, and saying things to it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = p.LineDecoder()
+
+    def say(self, *messages: p.Message) -> None:
+        for message in messages:
+            self.sock.sendall(p.encode(message))
+
+    def heard(self) -> list[p.Message]:
+        self.sock.setblocking(False)
+        try:
+            return self.decoder.feed(self.sock.recv(65536))
+        except BlockingIOError:
+            return []
+        finally:
+            self.sock.setblocking(True)
+
+
+@pytest.fixture
+def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
+    ours, theirs = socket.socketpair()
+    monkeypatch.setenv(p.WORKER_FD_ENV, str(theirs.detach()))
+    monkeypatch.setattr(_world, "_LINK", None)
+    yield Agent(ours)
+    ours.close()
+    if _world._LINK is not None:
+        _world._LINK.close()
+
+
+def place(generation: int, rank: int = 0, **changes: object) -> p.WorldAssigned:
+    values: dict[str, object] = {
+        "generation": generation,
+        "rank": rank,
+        "world_size": 2,
+        "local_rank": rank,
+        "is_fresh": False,
+        "source_rank": 0,
+        "fresh_ranks": (),
+        "store": {"kind": "file", "path": "/nonexistent"},
+        "timeout": 30.0,
+    }
+    values.update(changes)
+    return p.WorldAssigned(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        p.Hello(12),
+        p.Enter(3),
+        p.Trouble(3, "RuntimeError: reset"),
+        place(4, 1, is_fresh=True, fresh_ranks=(1,)),
+        p.WorldEnded(4, "rank 1 failed"),
+        p.StillValid(4),
+        p.NoMoreWorlds("the job finished"),
+    ],
+)
+def test_messages_survive_the_wire(message: p.Message) -> None:
+    """Every message decodes to what was encoded, even when split across reads."""
+    decoder = p.LineDecoder()
+    line = p.encode(message)
+    assert decoder.feed(line[:5]) == []
+    assert decoder.feed(line[5:]) == [message]
+
+
+@pytest.mark.parametrize("line", [b"not json\n", b'{"kind": "Nope"}\n', b'{"kind": "Enter"}\n'])
+def test_a_bad_line_is_a_link_protocol_error(line: bytes) -> None:
+    """What is not a message of the link is refused with the line quoted."""
+    with pytest.raises(p.LinkProtocolError, match="not a message of the agent-worker link"):
+        p.LineDecoder().feed(line)
+
+
+def test_without_an_agent_one_world_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside in-place recovery, worlds() yields one world with torch's variables."""
+    monkeypatch.delenv(p.WORKER_FD_ENV, raising=False)
+    monkeypatch.setattr(_world, "_LINK", None)
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    found = list(worker.worlds())
+    assert [(w.rank, w.world_size, w.local_rank, w.generation) for w in found] == [(3, 4, 1, 3)]
+    assert not found[0].is_fresh
+    found[0].check()  # no agent: never ends
+
+
+def test_the_worker_says_hello_and_gets_its_world(agent: Agent) -> None:
+    """worlds() says hello, yields the assigned world and tells the agent when it enters."""
+    agent.say(place(1, 1, is_fresh=True, fresh_ranks=(1,), source_rank=0))
+    worlds = worker.worlds()
+    world = next(worlds)
+    assert (world.generation, world.rank, world.is_fresh, world.fresh_ranks) == (1, 1, True, (1,))
+    with world:
+        pass
+    assert [type(m) for m in agent.heard()] == [p.Hello, p.Enter]
+    assert list(worlds) == []  # left normally: the training is over
+
+
+def test_check_raises_once_the_world_ended_and_with_world_goes_on(agent: Agent) -> None:
+    """WorldEnded makes check() raise WorldChanged; with world swallows it; the next comes."""
+    agent.say(place(1))
+    worlds = worker.worlds()
+    first = next(worlds)
+    with first:
+        first.check()
+        agent.say(p.WorldEnded(1, "rank 1 failed"), place(2))
+        with pytest.raises(worker.WorldChanged, match="generation 1 of the world ended: rank 1"):
+            first.check()
+        first.check()
+    second = next(worlds)
+    assert second.generation == 2
+    assert first.ended == "rank 1 failed"
+
+
+def test_an_error_of_an_ended_world_is_swallowed(agent: Agent) -> None:
+    """A collective's error after the agent ended the world leaves the world quietly."""
+    agent.say(place(1))
+    worlds = worker.worlds()
+    with next(worlds):
+        agent.say(p.WorldEnded(1, "rank 0 failed"), place(2))
+        raise RuntimeError("Connection reset by peer")
+    assert next(worlds).generation == 2
+
+
+def test_an_error_of_a_valid_world_propagates_after_asking(agent: Agent) -> None:
+    """The worker's own error: it asks the agent, hears StillValid, and the error propagates."""
+    agent.say(place(1))
+    world = next(worker.worlds())
+    agent.say(p.StillValid(1))
+    with pytest.raises(ValueError, match="own bug"), world:
+        raise ValueError("own bug")
+    said = agent.heard()
+    assert said[-1] == p.Trouble(1, "ValueError: own bug")
+
+
+def test_no_more_worlds_ends_the_loop_of_a_waiting_spare(agent: Agent) -> None:
+    """A spare that is never needed leaves worlds() when the job finishes."""
+    agent.say(p.NoMoreWorlds("the job finished"))
+    assert list(worker.worlds()) == []
+
+
+def test_a_gone_agent_is_an_agent_link_error(agent: Agent) -> None:
+    """The link closing while the worker waits for a world is reported, not a hang."""
+    agent.sock.close()
+    with pytest.raises(worker.AgentLinkError, match=r"closed the link|gone"):
+        next(worker.worlds())
+
+
+def test_public_names() -> None:
+    """The worker module publishes exactly the API."""
+    assert worker.__all__ == [
+        "AgentLinkError",
+        "LinkProtocolError",
+        "World",
+        "WorldChanged",
+        "async_worlds",
+        "worlds",
+    ]
+
+
+@pytest.mark.anyio
+async def test_the_async_twin_waits_on_the_loop(agent: Agent) -> None:
+    """async_worlds() and async with world behave as the sync ones; wait_changed() wakes."""
+    agent.say(place(1))
+    worlds = worker.async_worlds()
+    first = await anext(worlds)
+    async with first:
+        agent.say(p.WorldEnded(1, "node 1 was lost"), place(2))
+        changed = await first.wait_changed()
+        assert changed.reason == "node 1 was lost"
+        raise changed
+    second = await anext(worlds)
+    assert second.generation == 2
+    await worlds.aclose()
