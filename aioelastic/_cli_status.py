@@ -54,6 +54,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="list the watchdog timers armed on the node whose `aioelastic run --metrics-port` "
         "is HOST:PORT (scope and seconds left)",
     )
+    add(
+        "--stacks",
+        action="store_true",
+        help="ask every node's agent (through the store) for its workers' Python stacks and "
+        "print them grouped by where each rank is, with the suspects",
+    )
     add("--json", action="store_true", help="print the state as one JSON object")
     parser.set_defaults(handler=status_command)
     return parser
@@ -63,7 +69,7 @@ def status_command(args: argparse.Namespace) -> int:
     """The ``aioelastic status`` handler: read, print, exit 0 (1 if a source is unreachable)."""
     import anyio
 
-    from aioelastic._status import format_status, format_timers
+    from aioelastic._status import format_stacks, format_status, format_timers
     from aioelastic.events import to_data
     from aioelastic.rendezvous import RendezvousError
 
@@ -72,6 +78,9 @@ def status_command(args: argparse.Namespace) -> int:
             f"{PROG}: error: give --rdzv-endpoint (and --rdzv-id), --timers, or both",
             file=sys.stderr,
         )
+        return 2
+    if args.stacks and args.rdzv_endpoint is None:
+        print(f"{PROG}: error: --stacks needs --rdzv-endpoint (and --rdzv-id)", file=sys.stderr)
         return 2
     report: dict[str, Any] = {}
     texts = []
@@ -87,6 +96,17 @@ def status_command(args: argparse.Namespace) -> int:
             )
             report.update(to_data(status))
             texts.append(format_status(status))
+            if args.stacks:
+                stacks = anyio.run(
+                    fetch_stacks,
+                    args.rdzv_backend,
+                    args.rdzv_endpoint,
+                    args.rdzv_id,
+                    args.rdzv_conf,
+                    args.timeout,
+                )
+                report["stacks"] = stacks
+                texts.append(format_stacks(args.rdzv_id, stacks))
         if args.timers is not None:
             timers = fetch_timers(args.timers, args.timeout)
             report["timers"] = timers
@@ -134,6 +154,31 @@ async def fetch_status(
         except StoreError as error:
             raise RendezvousConnectionError(f"reading run {run_id!r} failed: {error}") from error
     return read_status(run_id, snapshot.items, ttl_left)
+
+
+async def fetch_stacks(
+    backend: str, endpoint: str, run_id: str, conf: dict[str, str], timeout: float
+) -> dict[str, Any]:
+    """Ask the agents of run ``run_id``'s last round for their workers' stacks (see
+    :mod:`aioelastic.agent._stack_requests`); the grouped result as data."""
+    from aioelastic._status import read_status, stacks_data
+    from aioelastic.agent._stack_requests import request_stacks
+    from aioelastic.rendezvous import RendezvousConnectionError
+    from aioelastic.store import PrefixStore, StoreError
+
+    async with open_store(backend, endpoint, run_id, conf, timeout) as store:
+        run = PrefixStore(f"rdzv/{run_id}", store)
+        try:
+            status = read_status(run_id, (await run.get_prefix("")).items)
+            if not status.participants:
+                raise ValueError(f"run {run_id!r} has no round with workers to ask")
+            round_store = PrefixStore(f"store/{status.round}", run)
+            answers, silent = await request_stacks(
+                round_store, nodes=len(status.participants), timeout=timeout
+            )
+        except StoreError as error:
+            raise RendezvousConnectionError(f"asking run {run_id!r} failed: {error}") from error
+    return stacks_data(answers, silent)
 
 
 async def _liveness_ttls(run: Store, nodes: Iterable[int]) -> dict[int, float]:

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aioelastic.rendezvous import _machine as m
+
+if TYPE_CHECKING:
+    from aioelastic.agent._stack_requests import RankStack
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,4 +148,48 @@ def format_timers(node: str, timers: Sequence[Mapping[str, Any]]) -> str:
     for timer in timers:
         left = float(timer["seconds_left"])
         lines.append(f"  {timer['pid']:>7}  {left:>9.1f}  {timer['scope_id']}")
+    return "\n".join(lines)
+
+
+def stacks_data(
+    answers: Mapping[int, Sequence[RankStack]], silent: Sequence[int]
+) -> dict[str, Any]:
+    """What ``status --stacks`` found, as data: the grouping, suspects and each rank's capture."""
+    from aioelastic.agent._stacks import diagnose
+
+    stacks = sorted((s for node in answers.values() for s in node), key=lambda s: s.record.rank)
+    diagnosis = diagnose({s.record.rank: s.place for s in stacks})
+    return {
+        "summary": diagnosis.summary,
+        "suspects": list(diagnosis.suspects),
+        "silent_nodes": list(silent),
+        "ranks": [
+            {
+                "rank": s.record.rank,
+                "node": node,
+                "pid": s.record.pid,
+                "place": s.record.place,
+                "method": s.record.method,
+                "stack_file": s.record.stack_file,
+                "reason": s.record.reason,
+            }
+            for node, ranks in sorted(answers.items())
+            for s in ranks
+        ],
+    }
+
+
+def format_stacks(run_id: str, data: Mapping[str, Any]) -> str:
+    """The human form of :func:`stacks_data`."""
+    lines = [f"run {run_id!r} stacks: {data['summary']}"]
+    suspects = ", ".join(map(str, data["suspects"])) or "none"
+    lines.append(f"  suspects: {suspects}")
+    if data["silent_nodes"]:
+        lines.append(f"  no answer from node(s): {', '.join(map(str, data['silent_nodes']))}")
+    lines.append(f"  {'rank':>4}  {'node':>4}  {'pid':>7}  place / stack file")
+    for rank in sorted(data["ranks"], key=lambda r: r["rank"]):
+        where = rank["place"] or f"no stack ({rank['reason']})"
+        lines.append(f"  {rank['rank']:>4}  {rank['node']:>4}  {rank['pid']:>7}  {where}")
+        if rank["stack_file"]:
+            lines.append(f"  {'':>4}  {'':>4}  {'':>7}  {rank['stack_file']}")
     return "\n".join(lines)

@@ -71,7 +71,8 @@ from aioelastic.rendezvous import (
 from aioelastic.store import StoreError
 
 if TYPE_CHECKING:
-    from aioelastic.agent._forensics import Forensics
+    from aioelastic.agent._forensics import Forensics, Peers
+    from aioelastic.store import Store
     from aioelastic.timer import TimerEvent
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,9 @@ class ElasticAgent(Service):
         self._given_guardian = guardian
         self._guardian: Guardian | None = None
         self._timer_file: str | None = None
+        self._stack_capture: Forensics | None = None
+        self._temporary_stacks: Callable[[int], Path] | None = None
+        self._round_store: Store | None = None
         self._private_dir = ""
         self._log_dir: Path | None = None
         self._rounds = 0
@@ -246,7 +250,7 @@ class ElasticAgent(Service):
             return
         from aioelastic.timer import FileTimerServer, WatchPolicy
 
-        forensics = self._forensics()
+        forensics = self._stack_capture = self._forensics()
         server = FileTimerServer(
             os.environ.get("TORCHELASTIC_TIMER_FILE") or Path(self._private_dir, "watchdog"),
             self._run_id,
@@ -264,19 +268,44 @@ class ElasticAgent(Service):
         """The pre-reap stack capture (``_forensics.py``), when the spec asks for one."""
         if not (self.spec.forensics.stacks or self.spec.forensics.core_dump):
             return None
-        from aioelastic.agent._forensics import Forensics, stacks_directory
+        from aioelastic.agent._forensics import Forensics, temporary_directory
+
+        self._temporary_stacks = temporary_directory()
 
         signal_dir = Path(self._private_dir, "stacks")
         signal_dir.mkdir()
         forensics = Forensics(
             self.spec.forensics,
             group=lambda: self._group,
-            directory=stacks_directory(self.spec.logs.log_dir, self._run_id),
+            directory=self._stacks_dir,
             signal_dir=str(signal_dir),
             on_report=lambda report: self._emit(StacksCaptured(report)),
+            peers=self._peers,
         )
         self.spec = replace(self.spec, env={**forensics.worker_env(), **self.spec.env})
         return forensics
+
+    def _peers(self) -> Peers | None:
+        from aioelastic.agent._forensics import Peers
+
+        group, store = self._group, self._round_store
+        if group is None or store is None:
+            return None
+        return Peers(store, group.info.group_rank, group.info.group_world_size)
+
+    async def _wait_round_or_answer_stacks(self) -> tuple[Outcome, str]:
+        """The attempt's outside waiter; meanwhile answer other nodes' stack requests."""
+        forensics, store, group = self._stack_capture, self._round_store, self._group
+        if forensics is None or store is None or group is None:
+            return await self._wait_round_invalidated()
+        from aioelastic.agent._stack_requests import serve_stack_requests
+
+        node = group.info.group_rank
+
+        async def answer() -> tuple[Outcome, str]:
+            await serve_stack_requests(store, node, forensics.answer)
+
+        return await first_of(self._wait_round_invalidated, answer)
 
     def _on_timer_event(self, event: TimerEvent) -> None:
         from aioelastic.timer import TimerReaped
@@ -311,6 +340,7 @@ class ElasticAgent(Service):
                 self._membership_changes += 1
                 continue
             round_info, ranks = assigned
+            self._round_store = info.store
             group, outcome, detail = await self._run_attempt(round_info, ranks)
             if outcome is Outcome.SUCCEEDED:
                 await self._exit_barrier(info)
@@ -434,7 +464,7 @@ class ElasticAgent(Service):
         self._group = group
         try:
             outcome, detail = await group.run(
-                self._wait_round_invalidated,
+                self._wait_round_or_answer_stacks,
                 shutdown=lambda: self._stop_signal,
                 kill_now=self._kill_now,
             )
@@ -448,10 +478,22 @@ class ElasticAgent(Service):
         logs = self.spec.logs
         if not logs.wants_files(self.spec.local_world_size):
             return None
+        return self._run_log_dir() / f"attempt_{restart_count}"
+
+    def _run_log_dir(self) -> Path:
         if self._log_dir is None:
+            logs = self.spec.logs
             self._log_dir = make_run_log_dir(logs.log_dir, self._run_id)
             self._emit(LogDirectoryCreated(str(self._log_dir), temporary=logs.log_dir is None))
-        return self._log_dir / f"attempt_{restart_count}"
+        return self._log_dir
+
+    def _stacks_dir(self, restart_count: int) -> Path:
+        """Where an attempt's stack captures go: the run's log directory under ``--log-dir``,
+        else a temporary one (named in the report)."""
+        if self.spec.logs.log_dir is None:
+            assert self._temporary_stacks is not None  # made with the Forensics that asks
+            return self._temporary_stacks(restart_count)
+        return self._run_log_dir() / f"attempt_{restart_count}" / "stacks"
 
     async def _wait_round_invalidated(self) -> tuple[Outcome, str]:
         event = await self.spec.rdzv_handler.wait_round_invalidated()

@@ -3,10 +3,11 @@
 The agent gives its timer server :meth:`Forensics.before_reap` as the pre-kill hook. The first
 expiry of an attempt opens an *incident*: every local worker is captured at once (a shared
 scope expires on every rank together, and the ranks still alive are the evidence), other
-nodes are asked to capture theirs (``remote``), the stacks are grouped (``_stacks.py``) and the
+nodes are asked through the store to capture theirs, the stacks are grouped (``_stacks.py``) and the
 report is attached to the group, emitted, and written next to the stack files. Later expiries
-of the same attempt wait for that incident instead of capturing again. The server bounds the
-hook by its timeout and reaps afterwards whatever happened here.
+of the same attempt wait for that incident instead of capturing again. Other nodes' requests
+(``_stack_requests.py``) get this node's part of the incident, or a fresh capture. The server
+bounds the hook by its timeout and reaps afterwards whatever happened here.
 
 A capture tries py-spy (it attaches from outside, so it works whatever the worker does), then
 the worker's faulthandler signal if the worker registered one (``timer/_stackdump.py``), and
@@ -19,12 +20,13 @@ import contextlib
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,8 +34,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from aioelastic.agent._report import HangReport, StackRecord
+from aioelastic.agent._stack_requests import RankStack, request_stacks
 from aioelastic.agent._stacks import (
-    Place,
     ThreadStack,
     diagnose,
     format_threads,
@@ -41,6 +43,7 @@ from aioelastic.agent._stacks import (
     parse_py_spy,
     place_of,
 )
+from aioelastic.store import Store, StoreError
 from aioelastic.timer._stackdump import STACK_DIR_ENV, STACK_SIGNAL_ENV, stack_file
 
 if TYPE_CHECKING:
@@ -61,9 +64,11 @@ _POLL = 0.01
 tell us it finished; the dump takes microseconds, so a few looks suffice)."""
 
 _UNFINISHED = "the capture did not finish within the hook timeout"
+_EXITED = "the worker exited during the capture"
 
-RemoteCapture = Callable[[str], Awaitable[Mapping[int, Place | None]]]
-"""Asks the other nodes to capture their ranks for ``scope_id``; their places by rank."""
+
+def _has_exited(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,21 +127,26 @@ async def faulthandler_dump(
         return (), "the worker registered no stack signal (it configured no aioelastic timer)"
     try:
         pidfd = os.pidfd_open(pid)
-    except OSError as exc:
-        return (), f"cannot signal the worker: {exc.strerror}"
+    except OSError:
+        return (), _EXITED
     try:
-        signal.pidfd_send_signal(pidfd, signum)
-    except OSError as exc:
-        return (), f"cannot signal the worker: {exc.strerror}"
+        if _has_exited(pidfd):
+            return (), _EXITED
+        try:
+            signal.pidfd_send_signal(pidfd, signum)
+        except OSError as exc:
+            return (), f"cannot signal the worker: {exc.strerror}"
+        size, stable, waited = start, 0, 0.0
+        while waited < timeout and stable < 3:
+            with anyio.move_on_after(_POLL):
+                await anyio.wait_readable(pidfd)  # readable: the worker exited
+                return (), _EXITED
+            waited += _POLL
+            now = os.stat(path).st_size
+            stable = stable + 1 if now == size and now > start else 0
+            size = now
     finally:
         os.close(pidfd)
-    size, stable, waited = start, 0, 0.0
-    while waited < timeout and stable < 3:
-        await anyio.sleep(_POLL)
-        waited += _POLL
-        now = os.stat(path).st_size
-        stable = stable + 1 if now == size and now > start else 0
-        size = now
     if size == start:
         return (), f"the worker wrote no stack within {timeout:.1f} s of signal {signum}"
     return parse_faulthandler(_read_tail(path, start, size)), ""
@@ -204,12 +214,24 @@ class _Incident:
     """The stacks of one attempt's hang, taken once for every expiry of that attempt."""
 
     group: WorkerGroup
+    local_done: anyio.Event = field(default_factory=anyio.Event)
+    local: tuple[RankStack, ...] = ()
+    """This node's captures (what other nodes' requests get: never waiting for theirs)."""
     done: anyio.Event = field(default_factory=anyio.Event)
     report: HangReport | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """The round's store and this node's place in it, for asking the other nodes."""
+
+    store: Store
+    node: int
+    nodes: int
+
+
 class Forensics:
-    """The agent's pre-reap hook (see the module docstring)."""
+    """The agent's pre-reap hook and its answers to other nodes (see the module docstring)."""
 
     def __init__(
         self,
@@ -219,16 +241,17 @@ class Forensics:
         directory: Callable[[int], Path],
         signal_dir: str,
         on_report: Callable[[HangReport], None],
-        remote: RemoteCapture | None = None,
+        peers: Callable[[], Peers | None] = lambda: None,
     ) -> None:
         self.spec = spec
         self._group = group
         self._directory = directory
         self._signal_dir = signal_dir
         self._on_report = on_report
-        self._remote = remote
+        self._peers = peers
         self._py_spy = find_py_spy(spec.py_spy)
         self._incident: _Incident | None = None
+        self._requests = 0
 
     def worker_env(self) -> dict[str, str]:
         """What workers need to register the faulthandler fallback."""
@@ -245,6 +268,7 @@ class Forensics:
             try:
                 await self._investigate(incident, expired)
             finally:
+                incident.local_done.set()
                 incident.done.set()
         else:
             await incident.done.wait()
@@ -252,16 +276,31 @@ class Forensics:
         if incident.report is not None and worker is not None:
             _write_error_file(worker.error_file, incident.report, expired.pid)
 
-    async def _investigate(self, incident: _Incident, expired: TimerExpired) -> None:
-        group = incident.group
-        first = group.worker_by_pid(expired.pid)
-        assert first is not None
-        directory = self._directory(group.info.restart_count)
-        directory.mkdir(parents=True, exist_ok=True)
+    async def answer(self, request: int) -> tuple[RankStack, ...]:
+        """This node's stacks for another node's request: those of the hang being captured
+        here, if there is one, else a fresh capture of every live worker."""
+        group = self._group()
+        if group is None:
+            return ()
+        incident = self._incident
+        if incident is not None and incident.group is group:
+            await incident.local_done.wait()
+            return incident.local
+        directory = self._directory(group.info.restart_count) / f"request_{request}"
         live = [w for w in group.workers if w.process.returncode is None]
+        captures = await self._capture_all(live, timeout=self.spec.timeout * 0.9)
+        return _records(live, captures, directory)
+
+    async def _capture_all(
+        self,
+        live: list[_Worker],
+        *,
+        timeout: float,
+        core_pid: int | None = None,
+        core_dir: Path | None = None,
+    ) -> dict[int, Capture]:
+        """Capture ``live`` workers at once; those unfinished by ``timeout`` are left out."""
         captures: dict[int, Capture] = {}
-        remote: dict[int, Place | None] = {}
-        budget = self.spec.timeout * 0.9  # leave the tail of the hook's bound for the report
 
         async def take(pid: int) -> None:
             captures[pid] = await capture(
@@ -269,23 +308,71 @@ class Forensics:
                 py_spy=self._py_spy,
                 signal_dir=self._signal_dir,
                 signum=STACK_SIGNAL,
-                timeout=budget,
-                core_dir=directory if self.spec.core_dump and pid == expired.pid else None,
+                timeout=timeout,
+                core_dir=core_dir if pid == core_pid else None,
             )
 
-        async def ask_others() -> None:
-            assert self._remote is not None
-            remote.update(await self._remote(expired.scope_id))
+        with anyio.move_on_after(timeout):
+            async with anyio.create_task_group() as tg:
+                for worker in live:
+                    tg.start_soon(take, worker.process.pid)
+        return captures
 
+    async def _investigate(self, incident: _Incident, expired: TimerExpired) -> None:
+        group = incident.group
+        first = group.worker_by_pid(expired.pid)
+        assert first is not None
+        directory = self._directory(group.info.restart_count)
+        live = [w for w in group.workers if w.process.returncode is None]
+        budget = self.spec.timeout * 0.9  # leave the tail of the hook's bound for the report
+        peers = self._peers()
+        remote: dict[int, tuple[RankStack, ...]] = {}
+        silent: list[int] = []
+
+        async def local() -> None:
+            captures = await self._capture_all(
+                live,
+                timeout=budget,
+                core_pid=expired.pid if self.spec.core_dump else None,
+                core_dir=directory,
+            )
+            incident.local = _records(live, captures, directory)
+            incident.local_done.set()
+
+        async def others() -> None:
+            assert peers is not None
+            answers, missing = await request_stacks(
+                peers.store, nodes=peers.nodes, timeout=budget, own_node=peers.node
+            )
+            remote.update(answers)
+            silent.extend(missing)
+
+        directory.mkdir(parents=True, exist_ok=True)
         try:
             with anyio.move_on_after(budget):
                 async with anyio.create_task_group() as tg:
-                    for worker in live:
-                        tg.start_soon(take, worker.process.pid)
-                    if self._remote is not None:
-                        tg.start_soon(ask_others)
+                    tg.start_soon(local)
+                    if peers is not None and peers.nodes > 1:
+                        tg.start_soon(others)
+        except StoreError as exc:
+            logger.warning("could not ask the other nodes for their stacks: %s", exc)
         finally:
-            report = self._report(expired, first.ranks.rank, directory, captures, live, remote)
+            if not incident.local_done.is_set():
+                incident.local = _records(live, {}, directory)
+            stacks = [*incident.local, *(s for node in sorted(remote) for s in remote[node])]
+            diagnosis = diagnose({s.record.rank: s.place for s in stacks})
+            summary = diagnosis.summary
+            if silent:
+                summary += f"; node{'s' if len(silent) > 1 else ''} "
+                summary += f"{', '.join(map(str, silent))} did not answer"
+            report = HangReport(
+                scope_id=expired.scope_id,
+                rank=first.ranks.rank,
+                directory=str(directory),
+                summary=summary,
+                suspects=diagnosis.suspects,
+                stacks=tuple(sorted((s.record for s in stacks), key=lambda r: r.rank)),
+            )
             incident.report = group.hang = report
             _write_report(directory / "hang.json", report)
             try:
@@ -293,50 +380,37 @@ class Forensics:
             except Exception:
                 logger.exception("reporting the hang failed")
 
-    def _report(
-        self,
-        expired: TimerExpired,
-        rank: int,
-        directory: Path,
-        captures: Mapping[int, Capture],
-        live: list[_Worker],
-        remote: Mapping[int, Place | None],
-    ) -> HangReport:
-        records = []
-        places: dict[int, Place | None] = dict(remote)
-        for worker in live:
-            pid, worker_rank = worker.process.pid, worker.ranks.rank
-            got = captures.get(pid) or Capture(reason=_UNFINISHED)
-            place = places[worker_rank] = place_of(got.threads)
-            path = None
-            if got.threads:
-                path = directory / f"rank{worker_rank}.stacks.txt"
-                try:
-                    path.write_text(format_threads(got.threads), encoding="utf-8")
-                except OSError as exc:
-                    logger.warning("cannot write %s: %s", path, exc)
-                    path = None
-            records.append(
-                StackRecord(
-                    rank=worker_rank,
-                    pid=pid,
-                    method=got.method,
-                    stack_file=None if path is None else str(path),
-                    place=None if place is None else place.describe(),
-                    reason=got.reason,
-                    core_file=got.core_file,
-                    core_reason=got.core_reason,
-                )
-            )
-        diagnosis = diagnose(places)
-        return HangReport(
-            scope_id=expired.scope_id,
+
+def _records(
+    live: list[_Worker], captures: Mapping[int, Capture], directory: Path
+) -> tuple[RankStack, ...]:
+    """The local workers' captures as records, their stacks written to ``directory``."""
+    stacks = []
+    for worker in live:
+        pid, rank = worker.process.pid, worker.ranks.rank
+        got = captures.get(pid) or Capture(reason=_UNFINISHED)
+        place = place_of(got.threads)
+        path = None
+        if got.threads:
+            path = directory / f"rank{rank}.stacks.txt"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(format_threads(got.threads), encoding="utf-8")
+            except OSError as exc:
+                logger.warning("cannot write %s: %s", path, exc)
+                path = None
+        record = StackRecord(
             rank=rank,
-            directory=str(directory),
-            summary=diagnosis.summary,
-            suspects=diagnosis.suspects,
-            stacks=tuple(records),
+            pid=pid,
+            method=got.method,
+            stack_file=None if path is None else str(path),
+            place=None if place is None else place.describe(),
+            reason=got.reason,
+            core_file=got.core_file,
+            core_reason=got.core_reason,
         )
+        stacks.append(RankStack(record, place))
+    return tuple(stacks)
 
 
 def _write_report(path: Path, report: HangReport) -> None:
@@ -385,14 +459,14 @@ def _write_error_file(error_file: str, report: HangReport, pid: int) -> None:
         logger.warning("cannot write the error file %s: %s", error_file, exc)
 
 
-def stacks_directory(log_dir: str | None, run_id: str) -> Callable[[int], Path]:
-    """Where an attempt's stack files go: under ``log_dir``, or one temporary directory."""
+def temporary_directory() -> Callable[[int], Path]:
+    """Where an attempt's stack files go without ``--log-dir``: one temporary directory, made
+    at the first capture and kept (the report names it)."""
     base: list[Path] = []
 
     def directory(restart_count: int) -> Path:
         if not base:
-            root = log_dir or tempfile.mkdtemp(prefix="aioelastic-stacks-")
-            base.append(Path(root, run_id) if log_dir else Path(root))
+            base.append(Path(tempfile.mkdtemp(prefix="aioelastic-stacks-")))
         return base[0] / f"attempt_{restart_count}" / "stacks"
 
     return directory

@@ -30,7 +30,7 @@ from aioelastic.agent import (
 from aioelastic.agent._forensics import find_py_spy
 from aioelastic.rendezvous import RendezvousParameters, get_rendezvous_handler
 from aioelastic.store import MemoryStore
-from tests.agent.conftest import BOUND, Console, launched
+from tests.agent.conftest import BOUND, Console, free_port, launched
 
 pytestmark = pytest.mark.anyio
 
@@ -73,30 +73,51 @@ async def run_hang(
     tmp_path: Path, forensics: ForensicsSpec, *args: str, nproc: int = 3
 ) -> tuple[Any, list[AgentEvent], HangReport]:
     """Run the hang worker under an agent (one restart: the second attempt succeeds)."""
-    params = RendezvousParameters("memory", "forensics", "job", 1, 1, store=MemoryStore())
-    events: list[AgentEvent] = []
+    ((result, events, report),) = await run_nodes(tmp_path, forensics, *args, nproc=nproc)
+    return result, events, report
+
+
+async def run_nodes(
+    tmp_path: Path, forensics: ForensicsSpec, *args: str, nproc: int = 3, nodes: int = 1
+) -> list[tuple[Any, list[AgentEvent], HangReport]]:
+    """Run ``nodes`` agents of ``nproc`` hang workers each in this loop (memory rendezvous)."""
+    store = MemoryStore()
     barrier = str(tmp_path / "barrier.sock")
-    async with (
-        get_rendezvous_handler(params) as handler,
-        anyio.create_task_group() as tg,
-        await anyio.create_unix_listener(barrier) as listener,
-    ):
-        tg.start_soon(serve_barrier, listener, nproc)
-        spec = WorkerSpec(
-            sys.executable,
-            handler,
-            args=("-u", HANG, "--barrier", barrier, *args),
-            local_world_size=nproc,
-            max_restarts=1,
-            logs=_logs(tmp_path),
-            forensics=forensics,
-        )
-        agent = ElasticAgent(spec, on_event=events.append, stdout=Console(), stderr=Console())
-        result = await agent.run()
-        tg.cancel_scope.cancel()
-    reports = [e.report for e in events if isinstance(e, StacksCaptured)]
-    assert len(reports) == 1, events
-    return result, events, reports[0]
+    outcomes: dict[int, tuple[Any, list[AgentEvent]]] = {}
+
+    async def node(index: int) -> None:
+        params = RendezvousParameters("memory", "forensics", "job", nodes, nodes, store=store)
+        events: list[AgentEvent] = []
+        async with get_rendezvous_handler(params) as handler:
+            spec = WorkerSpec(
+                sys.executable,
+                handler,
+                args=("-u", HANG, "--barrier", barrier, *args),
+                local_world_size=nproc,
+                max_restarts=1,
+                logs=_logs(tmp_path / f"node{index}"),
+                forensics=forensics,
+            )
+            agent = ElasticAgent(spec, on_event=events.append, stdout=Console(), stderr=Console())
+            outcomes[index] = (await agent.run(), events)
+
+    with anyio.fail_after(BOUND * 2):
+        async with (
+            anyio.create_task_group() as tg,
+            await anyio.create_unix_listener(barrier) as listener,
+        ):
+            tg.start_soon(serve_barrier, listener, nproc * nodes)
+            async with anyio.create_task_group() as agents:
+                for index in range(nodes):
+                    agents.start_soon(node, index)
+            tg.cancel_scope.cancel()
+    found = []
+    for index in range(nodes):
+        result, events = outcomes[index]
+        reports = [e.report for e in events if isinstance(e, StacksCaptured)]
+        assert len(reports) == 1, events
+        found.append((result, events, reports[0]))
+    return found
 
 
 async def serve_barrier(listener: Any, parties: int) -> None:
@@ -160,9 +181,10 @@ async def test_every_rank_is_captured_by_py_spy_before_any_is_reaped(
     assert [(s.rank, s.method) for s in report.stacks] == [(i, "py-spy") for i in range(3)]
     assert report.summary == f"rank 1 stuck in {STUCK}; ranks 0 and 2 stuck in {WAITING}"
     assert report.suspects == (1,)
-    stacks = Path(report.directory or "")
-    assert (stacks.parents[1].parent, stacks.parts[-2:]) == (
-        tmp_path / "logs",
+    stacks = Path(report.directory)
+    assert (stacks.parents[2], stacks.parent.parent.name[:4], stacks.parts[-2:]) == (
+        tmp_path / "node0" / "logs",
+        "job_",
         ("attempt_0", "stacks"),
     )
     text = read(report.stacks[1].stack_file or "")
@@ -276,3 +298,41 @@ async def test_torch_job_report_names_the_sleeping_rank_and_the_ranks_in_all_red
     )
     assert "  suspects  : 2 (stacks in " in run.err.text
     assert f"watchdog: stacks before the reap: rank 2 stuck in {stuck}" in run.err.text
+
+
+async def test_other_nodes_answer_with_their_ranks_stacks(tmp_path: Path) -> None:
+    """Two agents of two ranks each: each report groups all four ranks, the other node's
+    through the store, and suspects rank 3 alone."""
+    runs = await run_nodes(
+        tmp_path, ForensicsSpec(py_spy=None), "--hang-rank", "3", nproc=2, nodes=2
+    )
+    for result, _, report in runs:
+        assert result.state is RunState.SUCCEEDED
+        assert report.summary == f"rank 3 stuck in {STUCK}; ranks 0-2 stuck in {WAITING}"
+        assert report.suspects == (3,)
+        assert [s.rank for s in report.stacks] == [0, 1, 2, 3]
+
+
+async def test_status_stacks_groups_the_ranks_of_a_running_job(tmp_path: Path) -> None:
+    """`aioelastic status --stacks` asks both agents of a live c10d job through the store:
+    ranks 0 and 1 wait, rank 2 is stuck and suspected, whichever node each is on."""
+    port = free_port()
+    common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    common += ["--rdzv-id", "stacks", "--log-dir", str(tmp_path)]
+    worker = [HANG, "--budget", "0", "--hang-rank", "2"]
+    status_argv = ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "stacks", "--stacks"]
+    with anyio.fail_after(BOUND * 2):
+        async with (
+            launched(*common, "--nproc-per-node", "2", "--node-rank", "0", *worker) as one,
+            launched(*common, "--nproc-per-node", "1", "--node-rank", "1", *worker) as two,
+        ):
+            await one.out.wait_for("ready", 2)
+            await two.out.wait_for("ready")
+            async with launched(*status_argv, "--json", command="status") as status:
+                assert await status.wait() == 0, status
+    stacks = json.loads(status.out.text)["stacks"]
+    assert stacks["summary"] == f"rank 2 stuck in {STUCK}; ranks 0 and 1 stuck in {WAITING}"
+    assert stacks["suspects"] == [2]
+    assert sorted(r["rank"] for r in stacks["ranks"]) == [0, 1, 2]
+    assert sorted(r["node"] for r in stacks["ranks"]) in ([0, 0, 1], [0, 1, 1])
+    assert all(r["stack_file"] for r in stacks["ranks"])

@@ -2,7 +2,8 @@
 under the shared timer scope "step"; the other ranks wait for it in ``wait_for_peer``.
 
 Every rank first meets the others at the test's barrier (a UNIX socket it serves), so all of
-them are inside the step when the first timer expires."""
+them are inside the step when the first timer expires. A budget of 0 arms no timer (the ranks
+just hang, for ``aioelastic status --stacks``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import signal
 import socket
 import threading
 import time
+from contextlib import nullcontext
 
 from aioelastic import timer
 
@@ -30,7 +32,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.5)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--ignore-stack-signal", action="store_true")
-    parser.add_argument("--barrier", required=True)
+    parser.add_argument("--barrier", help="the test's barrier socket (none: start at once)")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) > 0:
@@ -40,11 +42,14 @@ def main() -> None:
         signal.signal(int(os.environ["AIOELASTIC_STACK_SIGNAL"]), signal.SIG_IGN)
     for _ in range(args.threads):
         threading.Thread(target=wait_for_peer, daemon=True).start()
-    with socket.socket(socket.AF_UNIX) as barrier:
-        barrier.connect(args.barrier)
-        barrier.sendall(b"ready\n")
-        barrier.recv(1)  # the test answers once every rank is here
-    with timer.expires(after=args.budget, scope="step"):
+    if args.barrier:
+        with socket.socket(socket.AF_UNIX) as barrier:
+            barrier.connect(args.barrier)
+            barrier.sendall(b"ready\n")
+            barrier.recv(1)  # the test answers once every rank is here
+    print("ready", flush=True)
+    step = timer.expires(after=args.budget, scope="step") if args.budget else nullcontext()
+    with step:
         if rank == args.hang_rank:
             stuck_in_load_batch()
         else:
