@@ -44,11 +44,13 @@ def split(prefix: str) -> tuple[str, str]:
 class KeyIndex:
     """The directory tree of a set of keys, with the latest change revision per directory."""
 
-    __slots__ = ("_dirs", "_home")
+    __slots__ = ("_dirs", "_home", "examined")
 
     def __init__(self) -> None:
         self._dirs: dict[str, Directory] = {"": Directory("", None)}
         self._home: dict[str, Directory] = {}  # key -> the directory it is in
+        self.examined = 0
+        """Directory entries looked at to answer reads so far (what a read costs)."""
 
     def __len__(self) -> int:
         return len(self._home)
@@ -100,14 +102,15 @@ class KeyIndex:
         if directory is None:
             return
         if not rest:
-            yield from _walk(directory)
+            yield from self._walk(directory)
             return
+        self.examined += len(directory.keys) + len(directory.subdirs)
         for key in directory.keys:
             if key.startswith(prefix):
                 yield key
         for sub_path, sub in directory.subdirs.items():
             if sub_path.startswith(prefix):
-                yield from _walk(sub)
+                yield from self._walk(sub)
 
     def revision_under(self, prefix: str, revisions: Mapping[str, int]) -> int:
         """The latest revision at which a key starting with ``prefix`` changed (0 if none);
@@ -118,6 +121,7 @@ class KeyIndex:
             return 0
         if not rest:
             return directory.revision
+        self.examined += len(directory.keys) + len(directory.subdirs)
         latest = 0
         for key in directory.keys:
             if key.startswith(prefix):
@@ -127,10 +131,10 @@ class KeyIndex:
                 latest = max(latest, sub.revision)
         return latest
 
-
-def _walk(directory: Directory) -> Iterator[str]:
-    stack = [directory]
-    while stack:
-        current = stack.pop()
-        yield from current.keys
-        stack.extend(current.subdirs.values())
+    def _walk(self, directory: Directory) -> Iterator[str]:
+        stack = [directory]
+        while stack:
+            current = stack.pop()
+            self.examined += len(current.keys) + len(current.subdirs)
+            yield from current.keys
+            stack.extend(current.subdirs.values())

@@ -45,6 +45,13 @@ class MemoryStoreStatistics:
     """Deleted keys still remembered, so a waiter from an older revision sees the delete."""
     key_waiters: int
     change_waiters: int
+    keys_examined: int = 0
+    """Index entries looked at to answer prefix reads and change checks, since creation: with
+    every node reading only its own keys it grows with the keys read, not with the store."""
+    waiters_examined: int = 0
+    """Prefix waiters looked at to find whom a change concerns, since creation."""
+    wakeups: int = 0
+    """Waiters woken by changes, since creation."""
 
 
 def check_ttl(ttl: float | None) -> None:
@@ -91,6 +98,8 @@ class MemoryStore(Store):
         self._key_waiters: dict[str, list[anyio.Event]] = {}
         self._change_waiters: dict[str, list[tuple[str, anyio.Event]]] = {}  # by directory
         self._closed = False
+        self._waiters_examined = 0
+        self._wakeups = 0
 
     @property
     def endpoint(self) -> str:
@@ -110,6 +119,9 @@ class MemoryStore(Store):
             tombstones=len(self._changed) - len(self._data),
             key_waiters=sum(len(events) for events in self._key_waiters.values()),
             change_waiters=sum(len(waiters) for waiters in self._change_waiters.values()),
+            keys_examined=self._index.examined,
+            waiters_examined=self._waiters_examined,
+            wakeups=self._wakeups,
         )
 
     # -- mutations: the only places that change state -------------------------------------
@@ -123,7 +135,9 @@ class MemoryStore(Store):
             changed[key] = revision
             home = self._index.changed(key, revision)
             if key_waiters and key in self._data:
-                for event in key_waiters.pop(key, ()):
+                woken = key_waiters.pop(key, ())
+                self._wakeups += len(woken)
+                for event in woken:
                     event.set()
             if self._change_waiters:
                 self._wake_change_waiters(key, home)
@@ -135,9 +149,11 @@ class MemoryStore(Store):
         while home is not None:
             waiters = change_waiters.get(home.path)
             if waiters is not None:
+                self._waiters_examined += len(waiters)
                 kept = []
                 for prefix, event in waiters:
                     if key.startswith(prefix):
+                        self._wakeups += 1
                         event.set()
                     else:
                         kept.append((prefix, event))

@@ -91,6 +91,8 @@ class FaultyStoreStatistics:
     failed: int
     held: int
     partitioned: bool
+    keys_read: int = 0
+    """Values returned to this view so far (one per key a get, multi_get or get_prefix read)."""
 
 
 class FaultyStore(Store):
@@ -105,6 +107,7 @@ class FaultyStore(Store):
         self._stalls: list[Stall] = []
         self._calls = 0
         self._failed = 0
+        self._keys_read = 0
 
     def __repr__(self) -> str:
         return f"FaultyStore({self.inner!r}, name={self.name!r})"
@@ -147,6 +150,7 @@ class FaultyStore(Store):
             failed=self._failed,
             held=sum(stall.held for stall in self._stalls),
             partitioned=self._partitioned,
+            keys_read=self._keys_read,
         )
 
     def _lost(self, operation: str) -> StoreConnectionError:
@@ -179,7 +183,9 @@ class FaultyStore(Store):
         await self._call("set", lambda: self.inner.set(key, value, ttl=ttl))
 
     async def get(self, key: str, *, timeout: float | None = None) -> bytes:
-        return await self._call("get", lambda: self.inner.get(key, timeout=timeout))
+        value = await self._call("get", lambda: self.inner.get(key, timeout=timeout))
+        self._keys_read += 1
+        return value
 
     async def add(self, key: str, amount: int) -> int:
         return await self._call("add", lambda: self.inner.add(key, amount))
@@ -202,7 +208,9 @@ class FaultyStore(Store):
         return await self._call("num_keys", self.inner.num_keys)
 
     async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
-        return await self._call("multi_get", lambda: self.inner.multi_get(keys, timeout=timeout))
+        values = await self._call("multi_get", lambda: self.inner.multi_get(keys, timeout=timeout))
+        self._keys_read += len(values)
+        return values
 
     async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
         await self._call("multi_set", lambda: self.inner.multi_set(keys, values))
@@ -211,7 +219,9 @@ class FaultyStore(Store):
         await self._call("append", lambda: self.inner.append(key, value))
 
     async def get_prefix(self, prefix: str) -> Snapshot:
-        return await self._call("get_prefix", lambda: self.inner.get_prefix(prefix))
+        snapshot = await self._call("get_prefix", lambda: self.inner.get_prefix(prefix))
+        self._keys_read += len(snapshot.items)
+        return snapshot
 
     async def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import anyio
 import pytest
 from hypothesis import strategies as st
@@ -167,6 +169,28 @@ def test_statistics_count_keys_and_waiters() -> None:
     stats = store.statistics()
     assert (stats.keys, stats.expiring_keys, stats.revision) == (2, 1, 2)
     assert (stats.key_waiters, stats.change_waiters) == (0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_change_looks_only_at_the_waiters_of_its_directories() -> None:
+    """A write wakes the prefix waiters above its key; waiters elsewhere are not looked at."""
+    store = MemoryStore(clock=ManualClock())
+    woken: list[str] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch(prefix: str) -> None:
+            await store.wait_for_change(prefix, after=store.revision, timeout=math.inf)
+            woken.append(prefix)
+
+        for prefix in ("node/1/", "node/2/", "node/", "round/", "node/1/al"):
+            tg.start_soon(watch, prefix)
+        await anyio.wait_all_tasks_blocked()
+        store.set_nowait("node/1/alive", b"1")
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    stats = store.statistics()
+    assert sorted(woken) == ["node/", "node/1/", "node/1/al"]
+    assert (stats.wakeups, stats.waiters_examined) == (3, 3)
 
 
 class _StoreWithoutTTLReport(PrefixStore):
