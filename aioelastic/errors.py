@@ -52,11 +52,16 @@ def write_error_file(exc: BaseException, path: str | None = None) -> str | None:
     path = path or os.environ.get(ERROR_FILE_ENV)
     if not path:
         return None
+    replace_json(path, error_file_payload(exc, now=time.time()))
+    return path
+
+
+def replace_json(path: str, document: Any) -> None:
+    """Write ``document`` to ``path`` as JSON in one step: a reader never sees half a file."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fp:
-        json.dump(error_file_payload(exc, now=time.time()), fp)
-    os.replace(tmp, path)  # the agent never reads half a file
-    return path
+        json.dump(document, fp)
+    os.replace(tmp, path)
 
 
 @overload

@@ -220,7 +220,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     option("--role", default="default", help="the workers' role name")
     flag("-m", "--module", help="run TRAINING_SCRIPT as a module (python -m)")
     flag("--no-python", help="run TRAINING_SCRIPT directly, not through python")
-    flag("--run-path", help="accepted for torchrun compatibility (scripts always run by path)")
+    flag(
+        "--run-path",
+        help="run TRAINING_SCRIPT with runpy.run_path; an uncaught exception is recorded "
+        "for the failure report without @record",
+    )
     option("--log-dir", default=None, help="directory for worker log and error files")
     option(
         "-r",

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import signal
 import sys
 import time
 import uuid
+from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from aioelastic.agent._agent import ElasticAgent
     from aioelastic.agent._events import AgentEvent
     from aioelastic.agent._guardian import Guardian
+    from aioelastic.agent._report import WorkerFailure
     from aioelastic.agent._spec import LogSpec
 
 PROG = "aioelastic run"
@@ -109,7 +113,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         conf.setdefault("rank", str(args.node_rank))
         if not endpoint:
             endpoint = f"{args.master_addr}:{args.master_port or 29500}"
-    if args.no_python:
+    if args.run_path:  # torchrun: --run-path wins over -m and --no-python
+        entrypoint = os.environ.get("PYTHON_EXEC", sys.executable)
+        prefix_args = ["-u", "-m", "aioelastic._run_path", args.training_script]
+    elif args.no_python:
         entrypoint, prefix_args = args.training_script, []
     else:
         entrypoint = os.environ.get("PYTHON_EXEC", sys.executable)
@@ -241,6 +248,56 @@ def describe(event: AgentEvent) -> str | None:
     return None
 
 
+class RootCauseRecorder:
+    """Copies the root cause to the launcher's own ``TORCHELASTIC_ERROR_FILE``, as torchrun
+    does, which is how a scheduler or an outer agent learns why the job failed.
+
+    Subscribed to the agent: each failed worker's error file is read when the failure is
+    reported (the files of a run without ``--log-dir`` go with the run). The root cause's
+    document is copied with ``errorCode`` set to its exit status; a worker that left no file
+    gets one saying how it ended (torchrun writes nothing then).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._documents: dict[int, Any] = {}
+
+    def __call__(self, event: AgentEvent) -> None:
+        from aioelastic.agent._events import WorkerFailed
+
+        if isinstance(event, WorkerFailed):
+            failure = event.failure
+            with suppress(OSError, ValueError):  # none, or not JSON: described from the failure
+                self._documents[failure.pid] = json.loads(Path(failure.error_file).read_bytes())
+
+    def write(self, failures: Sequence[WorkerFailure]) -> None:
+        """Write the root cause of ``failures`` (nothing when there are none)."""
+        from aioelastic.agent._report import root_cause_first
+        from aioelastic.errors import replace_json
+
+        if not failures:
+            return
+        cause = root_cause_first(failures)[0]
+        document = self._documents.get(cause.pid)
+        if isinstance(document, dict) and isinstance(document.get("message"), dict):
+            document["message"]["errorCode"] = cause.returncode
+        elif document is None:
+            described = f"rank {cause.rank} (local rank {cause.local_rank}): {cause.cause}"
+            document = {
+                "message": {
+                    "message": described,
+                    "extraInfo": {"py_callstack": "", "timestamp": str(int(cause.timestamp))},
+                    "errorCode": cause.returncode,
+                }
+            }
+        try:
+            replace_json(self.path, document)
+        except OSError as exc:
+            print(
+                f"{PROG}: cannot write TORCHELASTIC_ERROR_FILE {self.path}: {exc}", file=sys.stderr
+            )
+
+
 class SignalRouter:
     """Shutdown signals go to the agent once it exists; before that they end the launch."""
 
@@ -303,6 +360,8 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
         {}, events_file=config.events_file, metrics_port=config.metrics_port, log_warnings=False
     )
     router = SignalRouter()
+    own_error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    recorder = RootCauseRecorder(own_error_file) if own_error_file else None
     result = None
     try:
         with unwrap_single_error(), anyio.CancelScope() as router.early_exit:
@@ -334,6 +393,8 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         guardian=guardian,
                     )
                     events.attach(router.agent, "agent")
+                    if recorder is not None:
+                        router.agent.subscribe(recorder)
                     result = await router.agent.run()
                 tg.cancel_scope.cancel()
     except (RendezvousParameterError, WorkerSpecError, EventLogError, MetricsPortError) as exc:
@@ -348,4 +409,6 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
         return 128 + signum
     if result.failures:
         print(format_report(config.title, result.failures), file=sys.stderr)
+        if recorder is not None:
+            recorder.write(result.failures)
     return result.exit_status

@@ -123,7 +123,7 @@ def format_report(title: str, failures: Sequence[WorkerFailure], *, host: str | 
     """Return the human report of a failed job, root cause first: the suspect of a hang the
     watchdog's stack capture named, else the first failure."""
     host = host or socket.gethostname()
-    ordered = sorted(failures, key=lambda f: (not _suspected(f), f.timestamp))
+    ordered = root_cause_first(failures)
     rule = "=" * 72
     lines = [rule, f"{title} FAILED", "-" * 72]
     hangs_shown: list[HangReport] = []
@@ -158,6 +158,11 @@ def format_report(title: str, failures: Sequence[WorkerFailure], *, host: str | 
             )
     lines.append(rule)
     return "\n".join(lines)
+
+
+def root_cause_first(failures: Sequence[WorkerFailure]) -> list[WorkerFailure]:
+    """``failures`` with the root cause first: a hang's suspect, else the earliest failure."""
+    return sorted(failures, key=lambda f: (not _suspected(f), f.timestamp))
 
 
 def _suspected(failure: WorkerFailure) -> bool:

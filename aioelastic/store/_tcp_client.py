@@ -379,8 +379,7 @@ class TCPStore(Store):
         assert isinstance(limit, int)
         assert isinstance(server_proof, bytes)
         if token and not (
-            server_nonce
-            and check_proof(token, "server", client_nonce, server_nonce, server_proof)
+            server_nonce and check_proof(token, "server", client_nonce, server_nonce, server_proof)
         ):
             raise StoreRefusedError(
                 self.endpoint,

@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -155,11 +155,14 @@ async def launched(
     command: str = "run",
     cwd: Path | None = None,
     launcher: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Launched]:
-    """Run ``aioelastic COMMAND ARGV`` (or ``LAUNCHER ARGV``, torchrun say) for the block; kill
-    it at the end if it still runs."""
+    """Run ``aioelastic COMMAND ARGV`` (or ``LAUNCHER ARGV``, torchrun say) for the block, with
+    ``env`` added to the environment; kill it at the end if it still runs."""
     program = [sys.executable, "-m", "aioelastic", command] if launcher is None else launcher
-    process = await anyio.open_process([*program, *argv], stdin=subprocess.DEVNULL, cwd=cwd)
+    process = await anyio.open_process(
+        [*program, *argv], stdin=subprocess.DEVNULL, cwd=cwd, env={**os.environ, **(env or {})}
+    )
     run = Launched(process)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_copy, process.stdout, run.out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 from collections.abc import Sequence
@@ -12,11 +13,12 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.agent.conftest import BOUND, TORCHRUN, launched, on_terminal
+from tests.agent.conftest import BOUND, TORCHRUN, WORKER, launched, on_terminal
 
 pytestmark = pytest.mark.anyio
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+PLAIN_FAILURE = str(EXAMPLES / "agent_run_path.py")
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 LAUNCHERS = [
@@ -87,3 +89,61 @@ async def test_a_worker_gets_the_launchers_terminal(launcher: Sequence[str] | No
     assert "rank 0: stdin=True stdout=True stderr=True" in terminal.screen.text
     assert "progress 100%" in terminal.screen.text
     assert "answered 'yes'" in terminal.screen.text
+
+
+def root_cause_in(path: Path) -> dict[str, Any]:
+    """The launcher's error file, in torch's layout: its ``message`` object."""
+    document = json.loads(path.read_text())
+    return dict(document["message"])
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_the_root_cause_reaches_the_launchers_own_error_file(
+    launcher: Sequence[str] | None, tmp_path: Path
+) -> None:
+    """A worker's recorded error is copied to the launcher's TORCHELASTIC_ERROR_FILE."""
+    own = tmp_path / "launcher-error.json"
+    argv = ["--standalone", "--nproc-per-node", "2", WORKER, "--fail-rank", "1"]
+    with anyio.fail_after(BOUND):
+        async with launched(
+            *argv, launcher=launcher, env={"TORCHELASTIC_ERROR_FILE": str(own)}
+        ) as run:
+            status = await run.wait()
+    assert status == 1, run
+    cause = root_cause_in(own)
+    assert cause["message"] == "RuntimeError: rank 1 fails on attempt 0"
+    assert "raise RuntimeError" in cause["extraInfo"]["py_callstack"]
+    assert cause["errorCode"] == 1
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_run_path_records_the_traceback_of_a_script_without_record(
+    launcher: Sequence[str] | None, tmp_path: Path
+) -> None:
+    """--run-path: a plain script's uncaught exception is recorded, traceback and all."""
+    own = tmp_path / "launcher-error.json"
+    argv = ["--standalone", "--nproc-per-node", "2", "--run-path", PLAIN_FAILURE]
+    with anyio.fail_after(BOUND):
+        async with launched(
+            *argv, launcher=launcher, env={"TORCHELASTIC_ERROR_FILE": str(own)}
+        ) as run:
+            status = await run.wait()
+    assert status == 1, run
+    cause = root_cause_in(own)
+    assert cause["message"] == "RuntimeError: no batch for rank 1"
+    assert "in load_batch" in cause["extraInfo"]["py_callstack"]
+    if launcher is None:
+        assert "error     : RuntimeError: no batch for rank 1" in run.err.text  # the report
+
+
+async def test_a_worker_without_an_error_file_is_described_in_the_launchers(tmp_path: Path) -> None:
+    """No @record, no --run-path: the launcher's error file still says who failed and how
+    (torchrun writes none then)."""
+    own = tmp_path / "launcher-error.json"
+    argv = ["--standalone", "--nproc-per-node", "2", PLAIN_FAILURE]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, env={"TORCHELASTIC_ERROR_FILE": str(own)}) as run:
+            status = await run.wait()
+    assert status == 1, run
+    cause = root_cause_in(own)
+    assert (cause["message"], cause["errorCode"]) == ("rank 1 (local rank 1): exit code 1", 1)
