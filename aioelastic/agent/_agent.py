@@ -283,6 +283,7 @@ class ElasticAgent(Service):
             peers=self._peers,
         )
         self.spec = replace(self.spec, env={**forensics.worker_env(), **self.spec.env})
+        self._attempts = Attempts(self.spec)  # before any attempt: nothing to carry over
         return forensics
 
     def _peers(self) -> Peers | None:
