@@ -23,7 +23,7 @@ from pathlib import Path
 from bench._report import BenchRun, render_chart, render_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("timer", "store", "rendezvous", "rendezvous_etcd", "agent")
+BENCHES = ("timer", "store", "rendezvous", "rendezvous_etcd", "agent", "recovery")
 LOGS = ROOT / "bench" / "logs"
 CHART = "bench/ratios.png"
 

@@ -32,6 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from aioelastic.agent import _generations as g
 from aioelastic.agent._env import RoundInfo, WorkerRanks
 from aioelastic.agent._events import (
+    AgentEvent,
     GenerationAssigned,
     GenerationFormed,
     RecoveryFellBack,
@@ -106,6 +107,7 @@ class InPlaceGroup(WorkerGroup):
         self._store_dir = Path(self._private_dir, f"worlds-{self.info.restart_count}")
         self._store_dir.mkdir(exist_ok=True)
         self._tell, self._heard = anyio.create_memory_object_stream[_Notice](math.inf)
+        self._reports: list[AgentEvent] = []
 
     async def run(
         self,
@@ -150,6 +152,9 @@ class InPlaceGroup(WorkerGroup):
             else:
                 commands = self._hear(notice, now)
             ended = self._apply(commands)
+            reports, self._reports = self._reports, []
+            for event in reports:  # after the survivors were told: reports cost file writes
+                self._emit(event)
             if ended is not None:
                 return ended
 
@@ -185,7 +190,7 @@ class InPlaceGroup(WorkerGroup):
         elif self.machine.phase not in (g.Phase.FINISHED, g.Phase.FELL_BACK):
             self._failed_at[linked.key] = now
             self.reported.add(worker.process.pid)
-            self._emit(WorkerFailed(self._failure_of(worker)))
+            self._reports.append(WorkerFailed(self._failure_of(worker)))
         return self.machine.send(g.Exited(linked.key, code), now)
 
     def _give_verdicts(self, now: float) -> None:
@@ -200,7 +205,12 @@ class InPlaceGroup(WorkerGroup):
     # -- from the machine to the world ------------------------------------------------------------
 
     def _apply(self, commands: list[g.Command]) -> tuple[Outcome, str] | None:
-        for command in commands:
+        """Do what the machine said: tell the workers first, then start processes, then
+        report (a new spare's start must not delay the survivors' new world)."""
+        urgent = [c for c in commands if isinstance(c, g.Assign | g.EndWorld | g.Stop)]
+        spawns = [c for c in commands if isinstance(c, g.Spawn)]
+        rest = [c for c in commands if not isinstance(c, g.Assign | g.EndWorld | g.Stop | g.Spawn)]
+        for command in [*urgent, *spawns, *rest]:
             match command:
                 case g.Spawn():
                     self._spawn_linked(command.worker, command.slot)
