@@ -44,14 +44,14 @@ def parse_nnodes(text: str) -> tuple[int, int]:
 
 
 def parse_nproc(text: str) -> int | str:
-    """A positive int, or ``cpu``, ``gpu``, ``auto`` (resolved when the job starts)."""
-    if text in ("cpu", "gpu", "auto"):
+    """A positive int, or ``cpu``, ``gpu``, ``xpu``, ``auto`` (resolved when the job starts)."""
+    if text in ("cpu", "gpu", "xpu", "auto"):
         return text
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected a positive integer, cpu, gpu or auto, got {text!r}"
+            f"expected a positive integer, cpu, gpu, xpu or auto, got {text!r}"
         ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -183,7 +183,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--nproc-per-node",
         default="1",
         type=parse_nproc,
-        help="workers per node: an integer, cpu, gpu or auto",
+        help="workers per node: an integer, cpu, gpu, xpu or auto (cpu: the usable CPUs)",
     )
     option("--rdzv-backend", default="static", help="static, c10d, etcd, etcd-v3 or memory")
     option("--rdzv-endpoint", default="", help="HOST:PORT of the rendezvous store")

@@ -73,23 +73,32 @@ class LaunchConfig:
 
 
 def resolve_nproc(value: int | str) -> int:
-    """Turn ``cpu``/``gpu``/``auto`` into a count (torch is imported only for gpu/auto)."""
+    """Turn ``cpu``/``gpu``/``xpu``/``auto`` into a count; torch is imported only for devices.
+
+    ``cpu`` counts the CPUs this process may use (affinity and cgroup quota); ``auto`` takes
+    the CUDA devices, else the XPU devices, else the CPUs.
+    """
+    from aioelastic.agent._cpus import usable_cpu_count
+
     if isinstance(value, int):
         return value
     if value == "cpu":
-        return os.cpu_count() or 1
+        return usable_cpu_count()
     try:
-        import torch  # only when asked for GPUs
+        import torch  # only when asked for devices
     except ImportError:
-        if value == "gpu":
-            raise FlagError("--nproc-per-node gpu needs torch installed") from None
-        return os.cpu_count() or 1
-    count = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-    if count:
-        return count
-    if value == "gpu":
-        raise FlagError("--nproc-per-node gpu: no CUDA device is available")
-    return os.cpu_count() or 1
+        if value != "auto":
+            raise FlagError(f"--nproc-per-node {value} needs torch installed") from None
+        return usable_cpu_count()
+    kinds = {"gpu": ("cuda",), "xpu": ("xpu",), "auto": ("cuda", "xpu")}[value]
+    for kind in kinds:
+        backend = getattr(torch, kind, None)
+        if backend is not None and backend.is_available() and backend.device_count():
+            return int(backend.device_count())
+    if value != "auto":
+        name = {"gpu": "CUDA", "xpu": "XPU"}[value]
+        raise FlagError(f"--nproc-per-node {value}: no {name} device is available")
+    return usable_cpu_count()
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import sys
 from pathlib import Path
@@ -79,7 +80,7 @@ def test_pet_environment_variables_set_defaults(monkeypatch: pytest.MonkeyPatch)
         (["--nnodes", "3:2"], "argument --nnodes: need 0 < MIN <= MAX, got '3:2'"),
         (["--nnodes", "x"], "expected N or MIN:MAX, got 'x'"),
         (["--nproc-per-node", "0"], "argument --nproc-per-node/--nproc_per_node: must be >= 1"),
-        (["--nproc-per-node", "many"], "expected a positive integer, cpu, gpu or auto"),
+        (["--nproc-per-node", "many"], "expected a positive integer, cpu, gpu, xpu or auto"),
         (["--rdzv-conf", "join_timeout"], "argument --rdzv-conf/--rdzv_conf: expected key=value"),
         (["--max-restarts", "-1"], "argument --max-restarts/--max_restarts: must be a finite"),
         (["--shutdown-timeout", "inf"], "must be a finite number >= 0, got 'inf'"),
@@ -136,13 +137,25 @@ def test_module_and_no_python_together_are_refused() -> None:
         config_from_args(parse("-m", "--no-python", "x"))
 
 
-def test_nproc_cpu_counts_processors() -> None:
-    """--nproc-per-node cpu starts one worker per processor."""
+def test_nproc_cpu_counts_the_processors_this_process_may_use() -> None:
+    """--nproc-per-node cpu starts one worker per processor of the affinity mask."""
     import os
 
-    assert config_from_args(parse("--nproc-per-node", "cpu", "t.py")).nproc_per_node == (
-        os.cpu_count()
+    assert config_from_args(parse("--nproc-per-node", "cpu", "t.py")).nproc_per_node == len(
+        os.sched_getaffinity(0)
     )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.parametrize(("value", "device"), [("gpu", "CUDA"), ("xpu", "XPU")])
+def test_nproc_for_a_device_that_is_missing_says_so(value: str, device: str) -> None:
+    """gpu and xpu (accepted as torch accepts them) name the missing device."""
+    import torch
+
+    if getattr(torch, value.replace("gpu", "cuda")).is_available():
+        pytest.skip(f"this machine has {device} devices")
+    with pytest.raises(FlagError, match=f"--nproc-per-node {value}: no {device} device"):
+        config_from_args(parse("--nproc-per-node", value, "t.py"))
 
 
 @pytest.mark.parametrize("kind", ["file", "under-a-file"])

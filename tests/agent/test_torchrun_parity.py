@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -147,3 +149,16 @@ async def test_a_worker_without_an_error_file_is_described_in_the_launchers(tmp_
     assert status == 1, run
     cause = root_cause_in(own)
     assert (cause["message"], cause["errorCode"]) == ("rank 1 (local rank 1): exit code 1", 1)
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset (util-linux) is missing")
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_nproc_cpu_respects_the_cpu_affinity(launcher: Sequence[str] | None) -> None:
+    """Under taskset -c 0, --nproc-per-node cpu starts one worker, as under torchrun."""
+    program = launcher or (sys.executable, "-m", "aioelastic", "run")
+    argv = ["--standalone", "--nproc-per-node", "cpu", WORKER]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, launcher=["taskset", "-c", "0", *program]) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert run.out.text.count("done rank=") == 1, run
