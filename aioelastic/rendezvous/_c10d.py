@@ -1,6 +1,7 @@
 """The ``c10d`` backend: elastic rendezvous over the TCP store.
 
-The node whose endpoint is local hosts the store server (or the node with ``is_host=true``);
+The node whose endpoint is local (a loopback or interface address of this host, its
+``--local-addr``, or its name) hosts the store server (or the node with ``is_host=true``);
 every node, the host included, talks to it as a client. When another process on the same host
 already serves the endpoint, a node that was not told ``is_host`` simply becomes a client.
 
@@ -12,12 +13,12 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._errors import RendezvousConnectionError, RendezvousParameterError
+from aioelastic.rendezvous._local import endpoint_is_local
 from aioelastic.rendezvous._parameters import ElasticSettings, RendezvousParameters
 from aioelastic.rendezvous._security import SECURITY_KEYS, store_credentials
 from aioelastic.store import Store, StoreError, StoreRefusedError
@@ -55,22 +56,6 @@ def parse_endpoint(endpoint: str, default_port: int = DEFAULT_PORT) -> tuple[str
     return host, port
 
 
-@functools.cache
-def _local_names() -> frozenset[str]:
-    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None):
-            names.add(str(info[4][0]))
-    except OSError:
-        pass
-    return frozenset(names)
-
-
-def is_local(host: str) -> bool:
-    """Whether ``host`` names this machine."""
-    return host in _local_names()
-
-
 def _os_error(error: BaseException) -> OSError | None:
     """The OSError behind ``error``, also when a task group wrapped it in an exception group."""
     if isinstance(error, OSError):
@@ -89,6 +74,8 @@ async def open_tcp_store(
     read_timeout: float,
     connect_timeout: float,
     credentials: StoreCredentials | None = None,
+    request_timeout: float | None = None,
+    local_addr: str | None = None,
 ) -> AsyncIterator[Store]:
     """Serve the store if this node hosts it, and connect to it; yields the client.
 
@@ -97,7 +84,7 @@ async def open_tcp_store(
     """
     credentials = credentials or StoreCredentials()
     async with AsyncExitStack() as stack:
-        if is_host or (is_host is None and is_local(host)):
+        if is_host or (is_host is None and await endpoint_is_local(host, local_addr)):
             bind = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
             try:
                 server = credentials.server(bind, port)
@@ -118,7 +105,11 @@ async def open_tcp_store(
                     "%s:%d is served by another process here; joining as a client", host, port
                 )
         client = credentials.client(
-            host, port, timeout=read_timeout, connect_timeout=connect_timeout
+            host,
+            port,
+            timeout=read_timeout,
+            connect_timeout=connect_timeout,
+            request_timeout=request_timeout,
         )
         try:
             await stack.enter_async_context(client)
@@ -148,6 +139,7 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
         )
     is_host = params.get_as_bool("is_host")
     host, port = parse_endpoint(params.endpoint)
+    local_addr = params.local_addr or params.get("local_addr")
     opener = functools.partial(
         open_tcp_store,
         host,
@@ -156,6 +148,7 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
         read_timeout=settings.read_timeout,
         connect_timeout=settings.read_timeout,  # as torch: read_timeout bounds connecting too
         credentials=store_credentials(params),
+        request_timeout=settings.attempt_timeout,  # a partitioned connection is replaced
+        local_addr=local_addr,
     )
-    local_addr = params.local_addr or params.get("local_addr")
     return ElasticRendezvousHandler(opener, settings, backend="c10d", local_addr=local_addr)
