@@ -17,6 +17,12 @@ if one was sent and its reply never came, it raises :class:`StoreOutcomeUnknownE
 re-sending could apply it twice. If the server restarted (a new epoch), its keys are gone and
 every pending call fails with :class:`StoreConnectionError` instead of being re-sent. Once
 reconnecting has failed for ``connect_timeout``, new calls fail at once until it succeeds.
+
+A connection can also stop answering without closing (a network partition: TCP retransmits
+for minutes). With ``request_timeout``, a call that is not a wait gets no more than that for
+its reply, and one that gets none *replaces* the connection: it is aborted, and the
+supervisor reconnects (each connection attempt bounded by ``request_timeout`` too) and
+re-sends what is safe, so the waits held on the dead connection move to the new one.
 """
 
 from __future__ import annotations
@@ -268,6 +274,8 @@ class TCPStore(Store):
     Use as ``async with TCPStore(host, port) as store:``; entering connects (retrying with
     backoff for up to ``connect_timeout`` seconds) and raises :class:`StoreConnectionError` if
     the server cannot be reached, or :class:`StoreRefusedError` if it refuses the token.
+    ``request_timeout`` (default: none) replaces a connection that stops answering (see the
+    module docstring).
     """
 
     def __init__(
@@ -279,8 +287,12 @@ class TCPStore(Store):
         timeout: float = DEFAULT_TIMEOUT,
         connect_timeout: float = 30.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        request_timeout: float | None = None,
     ) -> None:
+        if request_timeout is not None and not request_timeout > 0:
+            raise ValueError(f"request_timeout must be positive seconds, not {request_timeout!r}")
         self.host = host
+        self.request_timeout = request_timeout
         self.port = port
         self.timeout = self.resolve_timeout(timeout)
         self.connect_timeout = connect_timeout
@@ -400,7 +412,8 @@ class TCPStore(Store):
         delay = _BACKOFF_FIRST
         while True:
             try:
-                with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
+                remaining = max(deadline - anyio.current_time(), 0)
+                with anyio.fail_after(min(remaining, self.request_timeout or remaining)):
                     return await self._connect_once()
             except StoreRefusedError:
                 raise
@@ -518,6 +531,8 @@ class TCPStore(Store):
         call = _Call(op, frame, subject, self._new_signal())
         self._calls[request_id] = call
         bound = self.timeout if wait is None else wait + _REPLY_GRACE
+        if wait is None and self.request_timeout is not None:
+            bound = min(bound, self.request_timeout)
         deadline = self._now() + bound
         try:
             connection = self._connection
@@ -549,10 +564,24 @@ class TCPStore(Store):
         if call.reply is None:
             if wait is not None:
                 raise StoreTimeoutError([subject], wait, self.endpoint)
+            if call.sent_on is not None and self.request_timeout is not None:
+                await self._replace(call.sent_on)
+                if op in _UNSAFE_TO_RESEND:
+                    raise StoreOutcomeUnknownError(self.endpoint, op.name.lower(), subject)
             raise StoreConnectionError(
                 self.endpoint, f"no reply to {op.name.lower()}({subject!r}) within {bound:g} s"
             )
         return self._check_reply(call.reply)
+
+    async def _replace(self, connection: _Connection) -> None:
+        """Abort a connection that stopped answering; the supervisor makes a new one."""
+        if connection.alive and connection is self._connection:
+            log.warning(
+                "store %s: no reply within %g s; replacing the connection",
+                self.endpoint,
+                self.request_timeout,
+            )
+            await connection.aclose()
 
     def _check_reachable(self) -> None:
         """Fail at once if reconnecting has already failed for ``connect_timeout``.
