@@ -20,6 +20,7 @@ import anyio
 from aioelastic._clock import Clock, MonotonicClock
 from aioelastic.agent._group import unwrap_single_error
 from aioelastic.events._stream import EventStream
+from aioelastic.rendezvous._errors import RendezvousError
 
 logger = logging.getLogger("aioelastic.rendezvous.progress")
 
@@ -98,7 +99,11 @@ async def watch_rendezvous(
                 await timer.sleep_until(timer.now() + interval)  # periodic by nature
                 if not handler.statistics().joining:
                     break
-                nodes: dict[int, str] = await handler.waiting_nodes()
+                try:
+                    nodes: dict[int, str] = await handler.waiting_nodes()
+                except RendezvousError as error:  # a progress line is not worth the run
+                    logger.debug("no rendezvous progress report: %s", error)
+                    continue
                 event = RendezvousWaiting(
                     run_id=settings.run_id,
                     node=handler.node_id,
