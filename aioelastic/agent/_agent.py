@@ -47,6 +47,7 @@ from aioelastic.agent._events import (
     GroupRestarting,
     LogDirectoryCreated,
     MembershipChanged,
+    NodeFenced,
     RendezvousCompleted,
     RendezvousJoining,
     RunFinished,
@@ -346,7 +347,7 @@ class ElasticAgent(Service):
             if outcome is Outcome.SUCCEEDED:
                 await self._exit_barrier(info)
                 return self._result(RunState.SUCCEEDED, group, reason=detail)
-            if outcome is Outcome.MEMBERSHIP:
+            if outcome in (Outcome.MEMBERSHIP, Outcome.FENCED):
                 self._membership_changes += 1
                 continue
             if outcome is Outcome.CLOSED:
@@ -406,6 +407,7 @@ class ElasticAgent(Service):
             master_port=bootstrap.master_port,
             restart_count=self._restart_count,
             use_agent_store=self.spec.rdzv_handler.use_agent_store,
+            round=info.round,
         )
         self._emit(
             RendezvousCompleted(
@@ -500,6 +502,9 @@ class ElasticAgent(Service):
         event = await self.spec.rdzv_handler.wait_round_invalidated()
         if event.reason is InvalidationReason.CLOSED:
             return Outcome.CLOSED, f"the rendezvous was closed: {event.detail}"
+        if event.reason is InvalidationReason.FENCED:
+            self._emit(NodeFenced(event.detail))
+            return Outcome.FENCED, event.detail
         self._emit(MembershipChanged(event.reason.name, event.detail))
         return Outcome.MEMBERSHIP, event.detail
 

@@ -76,6 +76,8 @@ class RoundInfo:
     master_port: int
     restart_count: int
     use_agent_store: bool = False
+    round: int = 0
+    """The rendezvous round (``AIOELASTIC_ROUND``): a stale world's writes can be fenced by it."""
 
 
 def worker_env(
@@ -106,6 +108,7 @@ def worker_env(
         TORCHELASTIC_RUN_ID=info.run_id,
         TORCHELASTIC_USE_AGENT_STORE=str(info.use_agent_store),
         TORCHELASTIC_ERROR_FILE=error_file,
+        AIOELASTIC_ROUND=str(info.round),
     )
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if spec.local_world_size > 1:

@@ -99,6 +99,14 @@ class MembershipChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeFenced:
+    """This node could not renew its liveness in time, so others may already hold its ranks:
+    its workers are killed at once (SIGKILL) and it joins again."""
+
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class WorkersStopped:
     """The local group was stopped by the agent; ``killed`` counts workers that needed SIGKILL."""
 
@@ -187,6 +195,7 @@ AgentEvent = (
     | WorkerReaped
     | StacksCaptured
     | MembershipChanged
+    | NodeFenced
     | WorkersStopped
     | GroupRestarting
     | ShutdownRequested

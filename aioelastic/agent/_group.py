@@ -86,6 +86,8 @@ class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     MEMBERSHIP = "membership changed"
+    FENCED = "fenced"
+    """This node's liveness lapsed: its workers are killed at once, not asked to stop."""
     CLOSED = "rendezvous closed"
 
 
@@ -198,7 +200,8 @@ class WorkerGroup:
                     with anyio.CancelScope(shield=True):
                         signum = shutdown()
                         reason = detail if signum is None else f"shutdown ({signal_name(signum)})"
-                        await self._stop(reason, signum or signal.SIGTERM, kill_now)
+                        polite = signal.SIGKILL if outcome is Outcome.FENCED else signal.SIGTERM
+                        await self._stop(reason, signum or polite, kill_now)
                         drained_by = anyio.current_time() + PUMP_DRAIN_TIMEOUT
                         for scope in self._pump_scopes:
                             scope.deadline = min(scope.deadline, drained_by)

@@ -248,6 +248,8 @@ def describe(event: AgentEvent) -> str | None:
             return f"in-place recovery fell back to a restart: {event.reason}"
         case ev.SpareStarted():
             return f"started a spare worker: pid {event.pid}"
+        case ev.NodeFenced():
+            return f"fenced: {event.detail}; killing the workers (SIGKILL) and joining again"
         case ev.ShutdownRequested():
             return f"received {signal_name(event.signal)}: stopping the workers"
         case ev.RunFinished():

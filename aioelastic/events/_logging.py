@@ -24,6 +24,7 @@ WARNING_KINDS = frozenset(
         "TimerReaped",
         "RequestRejected",
         "MembershipChanged",
+        "NodeFenced",
         "ShutdownRequested",
         "EtcdFailover",
         "EtcdLeaseLost",

@@ -5,6 +5,13 @@ The shell executes the machine's commands as store operations, waits with
 Besides joining, it keeps this node's liveness key fresh and, after a round completes, watches
 whether the round is still valid: the next round's keys (waiting nodes, reported losses, the
 close marker) and the liveness key of its ring successor, which it reports when it expires.
+
+Fencing: each keep-alive is its own bounded attempt, so one stuck on a dead connection never
+delays the next. When no renewal was acknowledged in time (:mod:`._lease`, on this node's
+own clock) the round is invalidated as ``FENCED``: the node may already be taken for dead and
+its ranks given to others, so its workers must stop. Joining again outlasts a store that is
+unreachable for a while (a partition): a failed join is retried until no store call has
+succeeded for ``read_timeout``.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from aioelastic.rendezvous._info import (
     RoundInvalidated,
     RoundJoining,
 )
+from aioelastic.rendezvous._lease import Lease
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import PrefixStore, Store, StoreError
 
@@ -118,6 +126,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._monitor_scope: anyio.CancelScope | None = None
         self._keep_alive_scope: anyio.CancelScope | None = None
         self._watch_from = 0
+        self._lease = Lease.for_settings(settings.heartbeat_timeout, settings.keep_alive_interval)
+        self._poke = anyio.Event()  # set by each renewal and each completed round
+        self._contact = -math.inf  # when a store call last succeeded, on the clock
 
     def __repr__(self) -> str:
         return (
@@ -160,10 +171,11 @@ class ElasticRendezvousHandler(RendezvousHandler):
             if self._addr is None:
                 self._addr = await anyio.to_thread.run_sync(local_hostname)
             self._node = await self._guarded(self._store.add(m.NODE_IDS_KEY, 1))
-            await self._refresh()
+            await self._renew()
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._keep_alive_scope = anyio.CancelScope()
             self._tg.start_soon(self._keep_alive, self._keep_alive_scope)
+            self._tg.start_soon(self._watch_lease)
         except BaseException:
             await stack.aclose()
             raise
@@ -191,11 +203,13 @@ class ElasticRendezvousHandler(RendezvousHandler):
     async def _guarded(self, call: Awaitable[T]) -> T:
         """Await a store call, turning store failures into :class:`RendezvousConnectionError`."""
         try:
-            return await call
+            outcome = await call
         except StoreError as error:
             raise RendezvousConnectionError(
                 f"rendezvous of run {self.settings.run_id!r} lost its store: {error}"
             ) from error
+        self._contact = self._clock.now()
+        return outcome
 
     # -- the torch API ------------------------------------------------------------------------
 
@@ -220,22 +234,20 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._emit(RoundJoining(self.settings.run_id, self._node))
         try:
             self._leave_round("this node left it to join the next round")
-            assert self._addr is not None
-            previous = (self._last.round, self._rank) if self._last is not None else (0, -1)
-            machine = m.JoinMachine(
-                self._policy, self._node, self._addr, free_port(self._addr), previous
-            )
-            command = machine.start(self._clock.now())
-            try:
-                while not isinstance(command, m.Finish | m.Fail):
-                    logger.debug("rendezvous node %d: %s", self._node, command)
-                    event = await self._guarded(self._execute(command))
-                    logger.debug("rendezvous node %d: %s", self._node, event)
-                    command = machine.send(event, self._clock.now())
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._abandon(machine)
-                raise
+            while True:
+                try:
+                    command = await self._join()
+                    break
+                except RendezvousConnectionError as error:
+                    if self._clock.now() - self._contact >= self.settings.read_timeout:
+                        raise
+                    logger.warning(
+                        "rendezvous %r: joining failed (%s); joining again",
+                        self.settings.run_id,
+                        error,
+                    )
+                    pause = min(self.settings.keep_alive_interval, self.settings.attempt_timeout)
+                    await self._clock.sleep_until(self._clock.now() + pause)
         finally:
             self._joining = False
         if isinstance(command, m.Fail):
@@ -312,6 +324,26 @@ class ElasticRendezvousHandler(RendezvousHandler):
         return True
 
     # -- joining ------------------------------------------------------------------------------
+
+    async def _join(self) -> m.Finish | m.Fail:
+        """One attempt to join the next round: run a fresh machine to its end."""
+        assert self._addr is not None
+        previous = (self._last.round, self._rank) if self._last is not None else (0, -1)
+        machine = m.JoinMachine(
+            self._policy, self._node, self._addr, free_port(self._addr), previous
+        )
+        command = machine.start(self._clock.now())
+        try:
+            while not isinstance(command, m.Finish | m.Fail):
+                logger.debug("rendezvous node %d: %s", self._node, command)
+                event = await self._guarded(self._execute(command))
+                logger.debug("rendezvous node %d: %s", self._node, event)
+                command = machine.send(event, self._clock.now())
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._abandon(machine)
+            raise
+        return command
 
     async def _execute(self, command: m.Command) -> m.Event:
         """Perform one command of the machine against the store; return its outcome."""
@@ -412,6 +444,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 return await call()
             return None
         outcome: T | None = None
+        failure: Exception | None = None
         async with anyio.create_task_group() as tg:
 
             async def alarm() -> None:
@@ -419,8 +452,13 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 tg.cancel_scope.cancel()
 
             tg.start_soon(alarm)
-            outcome = await call()
+            try:
+                outcome = await call()
+            except Exception as error:  # raised as is below, not in an exception group
+                failure = error
             tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
         return outcome
 
     async def _abandon(self, machine: m.JoinMachine) -> None:
@@ -430,7 +468,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         assert self._store is not None
         with (
             contextlib.suppress(StoreError, TimeoutError),
-            anyio.fail_after(self.settings.close_timeout),
+            anyio.fail_after(min(self.settings.close_timeout, self.settings.attempt_timeout)),
         ):
             await self._store.delete_key(m.join_key(machine.round, self._node))
 
@@ -447,6 +485,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._monitor_scope = anyio.CancelScope()
         assert self._tg is not None
         self._tg.start_soon(self._monitor, result, self._monitor_scope)
+        self._poke.set()  # the lease watcher looks at the new round
         self._emit(
             RoundCompleted(self.settings.run_id, result.round, self._node, rank, result.world_size)
         )
@@ -463,31 +502,70 @@ class ElasticRendezvousHandler(RendezvousHandler):
             rank=rank,
             world_size=result.world_size,
             bootstrap_store_info=RendezvousStoreInfo(result.master_addr, result.master_port),
+            round=result.round,
         )
 
     # -- liveness and round validity ------------------------------------------------------------
 
-    async def _refresh(self) -> None:
-        assert self._store is not None
-        await self._guarded(
-            self._store.set(
-                m.alive_key(self._node),
-                m.encode_alive(self.settings.heartbeat_timeout),
-                ttl=self.settings.heartbeat_timeout,
+    async def _renew(self) -> None:
+        """Renew this node's liveness key once; an acknowledged renewal renews the lease.
+
+        Bounded by the lease itself: a reply after the key may have expired renews nothing.
+        """
+        store = self._store
+        assert store is not None
+        sent = self._clock.now()
+
+        async def renew() -> bool:
+            await self._guarded(
+                store.set(
+                    m.alive_key(self._node),
+                    m.encode_alive(self.settings.heartbeat_timeout),
+                    ttl=self.settings.heartbeat_timeout,
+                )
             )
-        )
+            return True
+
+        bound = self.settings.heartbeat_timeout - self._lease.margin
+        if await self._before(sent + bound, renew) is None:
+            raise RendezvousConnectionError(
+                f"rendezvous of run {self.settings.run_id!r}: the store did not acknowledge a "
+                f"keep-alive within {bound:g} s"
+            )
+        self._lease.renewed(sent)
+        self._poke.set()
 
     async def _keep_alive(self, scope: anyio.CancelScope) -> None:
+        """Renew every ``keep_alive_interval``, each renewal on its own: one stuck on a dead
+        connection or member does not hold back the next."""
         interval = self.settings.keep_alive_interval
         with scope:
-            while True:
-                await self._clock.sleep_until(self._clock.now() + interval)
-                try:
-                    await self._refresh()
-                except RendezvousError as error:
-                    logger.warning(
-                        "rendezvous %r: keep-alive failed: %s", self.settings.run_id, error
-                    )
+            async with anyio.create_task_group() as renewals:
+                due = self._clock.now()
+                while True:
+                    due = max(due + interval, self._clock.now())
+                    await self._clock.sleep_until(due)
+                    renewals.start_soon(self._renew_logged)
+
+    async def _renew_logged(self) -> None:
+        try:
+            await self._renew()
+        except RendezvousError as error:
+            logger.warning("rendezvous %r: keep-alive failed: %s", self.settings.run_id, error)
+
+    async def _watch_lease(self) -> None:
+        """Fence the current round as soon as the lease lapses (see :mod:`._lease`)."""
+        while True:
+            poke = self._poke = anyio.Event()
+            now = self._clock.now()
+            if not self._lease.lapsed(now):
+                await self._before(self._lease.fence_at, poke.wait)
+                continue
+            if self._last is not None and self._invalidated is None and not self._joining:
+                detail = f"round {self._last.round} fenced: {self._lease.describe(now)}"
+                logger.warning("rendezvous %r: %s", self.settings.run_id, detail)
+                self._invalidate(RoundInvalidated(InvalidationReason.FENCED, detail))
+            await poke.wait()  # a renewal or a new round
 
     def _invalidate(self, verdict: RoundInvalidated) -> None:
         if self._invalidated is None:

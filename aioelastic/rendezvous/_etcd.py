@@ -23,14 +23,17 @@ from typing import Any
 
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._errors import RendezvousParameterError
-from aioelastic.rendezvous._parameters import ElasticSettings, RendezvousParameters
+from aioelastic.rendezvous._parameters import (
+    MAX_ATTEMPT_TIMEOUT,
+    ElasticSettings,
+    RendezvousParameters,
+)
 
 ETCD_KEYS = frozenset({"etcd_prefix", "protocol", "cacert", "cert", "key", "user", "password"})
 """Config keys of the etcd backend (besides the elastic ones and ``store``)."""
 
 DEFAULT_ENDPOINT = "127.0.0.1:2379"
 DEFAULT_READ_TIMEOUT = 60.0
-MAX_REQUEST_TIMEOUT = 5.0
 
 
 def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
@@ -53,12 +56,6 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
     return ElasticRendezvousHandler(
         lambda: store, settings, backend=params.backend, local_addr=local_addr
     )
-
-
-def request_timeout(settings: ElasticSettings) -> float:
-    """How long one store attempt may take before moving to the next member."""
-    slack = settings.heartbeat_timeout - settings.keep_alive_interval
-    return min(MAX_REQUEST_TIMEOUT, slack / 2)
 
 
 def _open_store(params: RendezvousParameters, settings: ElasticSettings | None = None) -> Any:
@@ -92,7 +89,7 @@ def _open_store(params: RendezvousParameters, settings: ElasticSettings | None =
             key=params.get("key"),
             user=params.get("user"),
             password=params.get("password"),
-            request_timeout=MAX_REQUEST_TIMEOUT if settings is None else request_timeout(settings),
+            request_timeout=MAX_ATTEMPT_TIMEOUT if settings is None else settings.attempt_timeout,
             retry_timeout=read_timeout,
         )
     except ImportError as error:

@@ -21,13 +21,15 @@ class RendezvousInfo:
     """The outcome of a round for one node.
 
     ``store`` is a store private to this round (shared by its participants); ``rank`` is
-    unique in ``0..world_size-1``.
+    unique in ``0..world_size-1``. ``round`` numbers the rounds of the run (0 where a backend
+    has none): two live worlds never share one, so workers can fence writes with it.
     """
 
     store: Store
     rank: int
     world_size: int
     bootstrap_store_info: RendezvousStoreInfo
+    round: int = 0
 
 
 class InvalidationReason(enum.Enum):
@@ -39,6 +41,8 @@ class InvalidationReason(enum.Enum):
     """A participant of the round stopped heart-beating or left."""
     CLOSED = "closed"
     """The rendezvous was closed: the job is over."""
+    FENCED = "fenced"
+    """This node could not renew its liveness in time: others may have taken its ranks."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,6 +137,9 @@ ELASTIC_KEYS = frozenset(
 """Config keys every elastic backend understands (torch's names; ``timeout`` = join)."""
 
 
+MAX_ATTEMPT_TIMEOUT = 5.0
+
+
 @dataclass(frozen=True)
 class ElasticSettings:
     """The validated settings of an elastic rendezvous, in seconds."""
@@ -176,6 +179,14 @@ class ElasticSettings:
                 f"keep_alive_interval ({self.keep_alive_interval:g} s), or live nodes expire "
                 "between two keep-alives"
             )
+
+    @property
+    def attempt_timeout(self) -> float:
+        """How long one store attempt of the rendezvous may take before it is given up (and
+        another member, or a new connection, is tried): half the slack between a keep-alive
+        and the liveness key's expiry, at most 5 s, so a keep-alive stuck on a dead member or
+        connection is retried before the node is taken for dead."""
+        return min(MAX_ATTEMPT_TIMEOUT, (self.heartbeat_timeout - self.keep_alive_interval) / 2)
 
     @classmethod
     def from_parameters(

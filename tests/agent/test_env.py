@@ -53,13 +53,13 @@ def test_group_rank_outside_the_nodes_is_refused() -> None:
 
 def _env(local_world_size: int, base: dict[str, str], timer: str | None) -> dict[str, str]:
     spec = WorkerSpec(sys.executable, None, local_world_size=local_world_size, max_restarts=5)
-    info = RoundInfo("job", 1, 2, "10.0.0.1", 29501, restart_count=2)
+    info = RoundInfo("job", 1, 2, "10.0.0.1", 29501, restart_count=2, round=9)
     ranks = assign_ranks([NodeSlot("default", local_world_size)] * 2, 1)[-1]
     return worker_env(base, spec, info, ranks, error_file="/tmp/e.json", timer_file=timer)
 
 
 def test_worker_env_has_torch_variables() -> None:
-    """Every variable torch's agent sets is there with the right value."""
+    """Every variable torch's agent sets is there with the right value, and the round."""
     env = _env(4, {"PATH": os.defpath}, "/run/fifo")
     expected = {
         "RANK": "7",
@@ -82,6 +82,7 @@ def test_worker_env_has_torch_variables() -> None:
         "TORCHELASTIC_ENABLE_FILE_TIMER": "1",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "OMP_NUM_THREADS": "1",
+        "AIOELASTIC_ROUND": "9",
         "PATH": os.defpath,
     }
     assert env == expected

@@ -18,7 +18,6 @@ from aioelastic.rendezvous import (
     RendezvousParameters,
     get_rendezvous_handler,
 )
-from aioelastic.rendezvous._etcd import request_timeout
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import EtcdStore
 from aioelastic.store._etcd_process import EtcdCluster
@@ -230,7 +229,7 @@ def test_store_attempts_give_up_before_a_keep_alive_would_lapse(
     settings = ElasticSettings(
         "job", 1, 1, keep_alive_interval=interval, heartbeat_timeout=heartbeat
     )
-    assert request_timeout(settings) == expected
+    assert settings.attempt_timeout == expected
 
 
 _WORKER = "import os; print('worker', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
