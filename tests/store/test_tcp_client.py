@@ -42,6 +42,7 @@ class Proxy:
         self.port = 0
         self.drop_replies = False
         self.links: list[tuple[anyio.abc.SocketStream, anyio.abc.SocketStream]] = []
+        self.frozen: set[int] = set()  # ids of the client streams relayed no more, either way
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
@@ -60,6 +61,8 @@ class Proxy:
                 ) -> None:
                     try:
                         async for chunk in source:
+                            if id(client) in self.frozen:
+                                continue
                             if not (replies and self.drop_replies):
                                 await sink.send(chunk)
                     except _STREAM_ERRORS:
@@ -68,6 +71,11 @@ class Proxy:
 
                 tg.start_soon(pump, client, upstream, False)
                 tg.start_soon(pump, upstream, client, True)
+
+    def freeze(self) -> None:
+        """Stop relaying the open connections, both ways, without closing them: a silent
+        partition (new connections are relayed)."""
+        self.frozen |= {id(client) for client, _ in self.links}
 
     async def cut(self) -> None:
         """Close every relayed connection, as a network failure would."""
@@ -162,6 +170,33 @@ async def test_waiting_get_is_resent_after_a_dropped_connection(
         await parked.wait(2)
         tcp_server.store.set_nowait("k", b"after the cut")
     assert results == [b"after the cut"]
+    assert tcp_server.statistics().connections_total == 2
+
+
+async def test_a_connection_that_stops_answering_is_replaced(
+    tcp_server: TCPStoreServer, proxy: Proxy, clock: ManualClock
+) -> None:
+    """With request_timeout, a call left unanswered replaces the connection (an add says its
+    outcome is unknown), and a wait held on the silent connection moves to the new one."""
+    parked = Parked(clock)
+    async with (
+        TCPStore("127.0.0.1", proxy.port, request_timeout=0.5) as store,
+        anyio.create_task_group() as tg,
+    ):
+        results: list[bytes] = []
+
+        async def getter() -> None:
+            results.append(await store.get("k"))
+
+        tg.start_soon(getter)
+        await parked.wait()
+        proxy.freeze()
+        with pytest.raises(StoreOutcomeUnknownError, match=r"add\('n'\)"):
+            await store.add("n", 1)
+        await parked.wait(2)  # the get, re-sent on the new connection, waits there
+        tcp_server.store.set_nowait("k", b"after the heal")
+        assert tcp_server.store.get_nowait(["n"]) is None  # the frozen link delivered nothing
+    assert results == [b"after the heal"]
     assert tcp_server.statistics().connections_total == 2
 
 

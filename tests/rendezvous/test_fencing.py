@@ -1,0 +1,96 @@
+"""Fencing: a node that cannot renew its liveness in time gives up its round before anyone
+may take its ranks, and joins again once the store answers (manual clock, in one loop)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aioelastic.rendezvous import InvalidationReason, RendezvousConnectionError
+from aioelastic.rendezvous._lease import Lease
+from aioelastic.testing import RendezvousCluster
+
+pytestmark = pytest.mark.anyio
+
+
+def test_a_lease_lapses_a_margin_before_the_key_may_expire() -> None:
+    """Renewed at 10 with a 5 s timeout and a 1 s margin: valid before 14, lapsed from 14."""
+    lease = Lease.for_settings(heartbeat_timeout=5, keep_alive_interval=1)
+    lease.renewed(10.0)
+    assert (lease.fence_at, lease.lapsed(13.99), lease.lapsed(14.0)) == (14.0, False, True)
+
+
+def test_a_lease_never_renewed_is_lapsed() -> None:
+    """Before any acknowledged renewal the node has no claim to liveness."""
+    assert Lease.for_settings(5, 1).lapsed(-1e9)
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 1e4), st.floats(0, 10)),  # (sent at, delay until applied)
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_the_fence_never_comes_after_the_key_may_expire(
+    renewals: list[tuple[float, float]],
+) -> None:
+    """Whatever order acknowledgements arrive in, the node fences no later than the store
+    could expire its key (timeout after the last renewal it applied, which came no earlier
+    than it was sent), by at least the margin."""
+    lease = Lease.for_settings(heartbeat_timeout=5, keep_alive_interval=1)
+    for sent, _ in renewals:
+        lease.renewed(sent)
+    earliest_expiry = max(sent + delay for sent, delay in renewals) + 5
+    assert lease.fence_at <= earliest_expiry - lease.margin
+    assert lease.fence_at == max(sent for sent, _ in renewals) + 5 - lease.margin
+
+
+async def test_stalled_keep_alives_fence_the_round_before_others_see_the_node_lost() -> None:
+    """A node whose keep-alives hang gives up its round as FENCED while the others still hold
+    it valid: it stops first, then its liveness key expires for them."""
+    async with RendezvousCluster(2) as cluster:
+        await cluster.rendezvous()
+        lonely, other = cluster.nodes[1], cluster.nodes[0]
+        stall = lonely.store.stall("set")
+        settings = cluster.settings
+        lease_left = settings.heartbeat_timeout - min(
+            settings.keep_alive_interval, settings.heartbeat_timeout / 4
+        )
+        await cluster.advance(lease_left, step=settings.keep_alive_interval / 4)
+        assert other.handler.statistics().invalidated is None
+        verdict = await lonely.handler.wait_round_invalidated()
+        assert verdict.reason is InvalidationReason.FENCED
+        assert "no liveness renewal acknowledged" in verdict.detail
+        await cluster.advance(settings.heartbeat_timeout)
+        lost = await other.handler.wait_round_invalidated()
+        assert lost.reason is InvalidationReason.PARTICIPANT_LOST
+        stall.release()
+
+
+async def test_a_node_cut_off_while_joining_joins_once_the_store_answers() -> None:
+    """Joining retries a store that fails for less than read_timeout instead of giving up."""
+    async with RendezvousCluster(2, read_timeout=60.0) as cluster:
+        await cluster.rendezvous()
+        node = cluster.nodes[1]
+        cluster.partition(node)
+        await cluster.advance(cluster.settings.heartbeat_timeout)
+        await cluster.start_join(cluster.nodes)
+        await cluster.advance(20.0)
+        assert node.joining
+        cluster.heal(node)
+        infos = await cluster.wait_joined()
+    assert sorted(info.rank for info in infos) == [0, 1]
+    assert min(info.round for info in infos) == max(info.round for info in infos) > 1
+
+
+async def test_joining_gives_up_after_read_timeout_without_the_store() -> None:
+    """A store unreachable for read_timeout ends the join with RendezvousConnectionError."""
+    async with RendezvousCluster(1, read_timeout=30.0) as cluster:
+        await cluster.rendezvous()
+        node = cluster.nodes[0]
+        cluster.partition(node)
+        await cluster.start_join([node])
+        with pytest.raises(RendezvousConnectionError, match="lost its store"):
+            await cluster.wait_joined([node])
