@@ -16,7 +16,7 @@ from aioelastic.rendezvous._parameters import RendezvousParameters
 from aioelastic.store._auth import TOKEN_FILE_ENV
 from aioelastic.store._credentials import StoreCredentials
 
-SECURITY_KEYS = frozenset({"token_file", "require_auth"})
+SECURITY_KEYS = frozenset({"token_file", "cacert", "cert", "key", "require_auth"})
 """Config keys of the backends that run over the TCP store (besides their own)."""
 
 
@@ -26,6 +26,9 @@ def store_credentials(params: RendezvousParameters) -> StoreCredentials:
     try:
         return StoreCredentials.from_files(
             token_file=token_file,
+            cacert=params.get("cacert") or None,
+            cert=params.get("cert") or None,
+            key=params.get("key") or None,
             require_auth=bool(params.get_as_bool("require_auth", False)),
         )
     except ValueError as error:

@@ -42,10 +42,16 @@ def add_parser(subparsers: Any) -> None:
         f"whitespace is ignored; default: ${TOKEN_FILE_ENV}); strongly advised when binding a "
         "non-loopback address",
     )
+    for name, what in (
+        ("cacert", "the CA certificate that clients' certificates must be signed by"),
+        ("cert", "this server's certificate (PEM)"),
+        ("key", "this server's private key (PEM)"),
+    ):
+        parser.add_argument(f"--{name}", type=Path, help=f"TLS: {what}; give all three")
     parser.add_argument(
         "--require-auth",
         action="store_true",
-        help="refuse to start on a non-loopback address without a token",
+        help="refuse to start on a non-loopback address with neither a token nor TLS",
     )
     parser.set_defaults(handler=run)
 
@@ -63,10 +69,14 @@ def run(args: argparse.Namespace) -> int:
     """Run the server described by ``args``; return the exit status."""
     try:
         credentials = StoreCredentials.from_files(
-            token_file=args.token_file, require_auth=args.require_auth
+            token_file=args.token_file,
+            cacert=args.cacert,
+            cert=args.cert,
+            key=args.key,
+            require_auth=args.require_auth,
         )
         anyio.run(serve, args.host, args.port, credentials)
-    except ValueError as error:  # an unusable token file, or require_auth without a token
+    except ValueError as error:  # unusable token or TLS files, or require_auth without either
         print(f"aioelastic store-server: {error}", file=sys.stderr)
         return 2
     except OSError as error:

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -66,6 +67,7 @@ from aioelastic.store._tcp_codec import (
     encode_request,
 )
 from aioelastic.store._tcp_server import on_asyncio
+from aioelastic.store._tls import tls_failure
 
 log = logging.getLogger("aioelastic.store.tcp")
 
@@ -115,6 +117,7 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
     def __init__(self, max_frame_size: int) -> None:
         self.reader = FrameReader(max_frame_size)
         self.early: list[bytes] = []
+        self.error: Exception | None = None
         self.arrived = anyio.Event()
         self.lost = anyio.Event()
 
@@ -137,6 +140,7 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False
+        self.error = exc
         self.arrived.set()
         self.lost.set()
 
@@ -148,6 +152,8 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
     async def handshake_frame(self) -> bytes:
         while not self.early:
             if self.lost.is_set():
+                if isinstance(self.error, ssl.SSLError):
+                    raise self.error
                 raise anyio.EndOfStream
             self.arrived = anyio.Event()
             await self.arrived.wait()
@@ -275,7 +281,8 @@ class TCPStore(Store):
     backoff for up to ``connect_timeout`` seconds) and raises :class:`StoreConnectionError` if
     the server cannot be reached, or :class:`StoreRefusedError` if it refuses the token.
     ``request_timeout`` (default: none) replaces a connection that stops answering (see the
-    module docstring).
+    module docstring). ``ssl`` (a client context, see :mod:`._tls`) speaks TLS and checks the
+    server's certificate against ``server_hostname`` (default: ``host``).
     """
 
     def __init__(
@@ -288,12 +295,16 @@ class TCPStore(Store):
         connect_timeout: float = 30.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         request_timeout: float | None = None,
+        ssl: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> None:
         if request_timeout is not None and not request_timeout > 0:
             raise ValueError(f"request_timeout must be positive seconds, not {request_timeout!r}")
         self.host = host
         self.request_timeout = request_timeout
         self.port = port
+        self.ssl = ssl
+        self.server_hostname = server_hostname or host
         self.timeout = self.resolve_timeout(timeout)
         self.connect_timeout = connect_timeout
         self.max_frame_size = max_frame_size
@@ -342,19 +353,49 @@ class TCPStore(Store):
             self._connection = None
 
     async def _open(self) -> _Connection:
-        if on_asyncio():
-            loop = asyncio.get_running_loop()
-            _, protocol = await loop.create_connection(
-                lambda: _ProtocolConnection(self.max_frame_size), self.host, self.port
-            )
-            return protocol
-        stream = await anyio.connect_tcp(self.host, self.port)
+        context, hostname = self.ssl, self.server_hostname
+        try:
+            if on_asyncio():
+                loop = asyncio.get_running_loop()
+                _, protocol = await loop.create_connection(
+                    lambda: _ProtocolConnection(self.max_frame_size),
+                    self.host,
+                    self.port,
+                    ssl=context,
+                    server_hostname=hostname if context else None,
+                )
+                return protocol
+            if context is None:
+                stream: anyio.abc.ByteStream = await anyio.connect_tcp(self.host, self.port)
+            else:
+                stream = await anyio.connect_tcp(
+                    self.host,
+                    self.port,
+                    ssl_context=context,
+                    tls_hostname=hostname,
+                    tls_standard_compatible=False,
+                )
+        except ssl.SSLError as error:
+            raise self._tls_refused(error) from None
         return _StreamConnection(stream, self.max_frame_size)
+
+    def _tls_refused(self, error: BaseException) -> StoreRefusedError:
+        return StoreRefusedError(
+            self.endpoint,
+            f"TLS handshake failed: {tls_failure(error)}; give every node a certificate and key "
+            "from the job's CA (cacert, cert, key), valid for the name it is reached by",
+        )
 
     async def _connect_once(self) -> _Connection:
         connection = await self._open()
         try:
-            epoch, limit = await self._handshake(connection)
+            try:
+                epoch, limit = await self._handshake(connection)
+            except (ssl.SSLError, anyio.BrokenResourceError) as error:
+                # The server refused our certificate (TLS 1.3 says so after the handshake).
+                if self.ssl is None or not isinstance(error.__cause__ or error, ssl.SSLError):
+                    raise
+                raise self._tls_refused(error) from None
             connection.epoch = epoch
             self._frame_limit = min(self.max_frame_size, limit)
             connection.dispatch = self._dispatch
@@ -410,6 +451,7 @@ class TCPStore(Store):
         """Connect, retrying with exponential backoff for up to ``within`` seconds."""
         deadline = anyio.current_time() + within
         delay = _BACKOFF_FIRST
+        closed_after_tls = ""
         while True:
             try:
                 remaining = max(deadline - anyio.current_time(), 0)
@@ -425,12 +467,20 @@ class TCPStore(Store):
                 StoreProtocolError,
             ) as error:
                 reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+                if self.ssl is not None and isinstance(error, anyio.EndOfStream):
+                    # TLS 1.3 lets a client finish its handshake before the server checks
+                    # the client's certificate; a refused one then just sees the close.
+                    closed_after_tls = (
+                        "; the server closed a TLS connection before answering, as it does "
+                        "when it does not accept this client's certificate (check cacert, "
+                        "cert and key)"
+                    )
             pause = delay * random.uniform(0.5, 1.0)
             if anyio.current_time() + pause >= deadline:
                 raise StoreConnectionError(
                     self.endpoint,
-                    f"could not connect within {within:g} s (last error: {reason}); "
-                    "check that the store server is running and reachable",
+                    f"could not connect within {within:g} s (last error: {reason}"
+                    f"{closed_after_tls}); check that the store server is running and reachable",
                 )
             await anyio.sleep(pause)
             delay = min(delay * 2, _BACKOFF_MAX)

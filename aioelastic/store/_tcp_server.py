@@ -24,6 +24,7 @@ import ipaddress
 import logging
 import math
 import secrets
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
@@ -55,6 +56,7 @@ from aioelastic.store._tcp_codec import (
     decode_request,
     encode_reply,
 )
+from aioelastic.store._tls import TLS_FAILURES, tls_failure, wrap_server_stream
 
 log = logging.getLogger("aioelastic.store.tcp")
 
@@ -140,8 +142,10 @@ class TCPStoreServer(Service):
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         handshake_timeout: float = 10.0,
         require_auth: bool = False,
+        ssl: ssl.SSLContext | None = None,
     ) -> None:
         self.host = host
+        self.ssl = ssl
         self.requested_port = port
         self.store = MemoryStore(clock=clock)
         self.max_frame_size = max_frame_size
@@ -179,7 +183,8 @@ class TCPStoreServer(Service):
     @property
     def open_to_anyone(self) -> bool:
         """Whether any client that can reach a non-loopback address may use the store."""
-        return self._token is None and not _is_loopback(self.host)
+        checks_clients = self.ssl is not None and self.ssl.verify_mode == ssl.CERT_REQUIRED
+        return self._token is None and not checks_clients and not _is_loopback(self.host)
 
     def statistics(self) -> TCPStoreServerStatistics:
         """Return a snapshot of the connection and request counters."""
@@ -200,7 +205,7 @@ class TCPStoreServer(Service):
         try:
             async with anyio.create_task_group() as waits:
                 self._waits = waits
-                if on_asyncio():
+                if on_asyncio() and self.ssl is None:
                     await self._serve_asyncio(task_status)
                 else:
                     await self._serve_streams(task_status)
@@ -237,7 +242,8 @@ class TCPStoreServer(Service):
                 connection.transport.abort()
 
     async def _serve_streams(self, task_status: anyio.abc.TaskStatus[int]) -> None:
-        """Serve through anyio streams (trio, or any backend without asyncio protocols)."""
+        """Serve through anyio streams (trio, or TLS: the handshake runs in the connection's
+        task, so a peer that fails it is counted and refused before anything is read)."""
         listener = await anyio.create_tcp_listener(
             local_host=self.host, local_port=self.requested_port
         )
@@ -248,10 +254,11 @@ class TCPStoreServer(Service):
 
     async def _serve_stream(self, stream: anyio.abc.SocketStream) -> None:
         lock = anyio.Lock()
+        channel: anyio.abc.ByteStream = stream  # the TLS stream over it, once TLS is up
 
         async def send(data: bytes) -> None:
             async with lock:
-                await stream.send(data)
+                await channel.send(data)
 
         try:
             address = stream.extra(SocketAttribute.remote_address)
@@ -261,13 +268,19 @@ class TCPStoreServer(Service):
         try:
             async with stream:
                 with anyio.move_on_after(self.handshake_timeout):
+                    if self.ssl is not None:
+                        try:
+                            channel = await wrap_server_stream(stream, self.ssl)
+                        except TLS_FAILURES as error:
+                            session.refuse_tls(error)
+                            return
                     while session.phase is not _Phase.OPEN:
-                        if not await self._exchange(stream, session, send):
+                        if not await self._exchange(channel, session, send):
                             return
                 if session.phase is not _Phase.OPEN:
                     session.expire_handshake()
                     return
-                while await self._exchange(stream, session, send):
+                while await self._exchange(channel, session, send):
                     pass
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the client went away
@@ -278,7 +291,7 @@ class TCPStoreServer(Service):
 
     @staticmethod
     async def _exchange(
-        stream: anyio.abc.SocketStream,
+        stream: anyio.abc.ByteStream,
         session: _Session,
         send: Callable[[bytes], Awaitable[None]],
     ) -> bool:
@@ -444,6 +457,10 @@ class _Session:
         self.server._dropped += 1
         self.report(f"{reason}; closing the connection")
         self.closing = True
+
+    def refuse_tls(self, error: BaseException) -> None:
+        """The TLS handshake failed: count and report the refusal (nothing was read)."""
+        self._refuse(f"TLS handshake failed: {tls_failure(error)}")
 
     def _refuse(self, reason: str) -> bytes:
         self.server._refused += 1

@@ -80,3 +80,25 @@ async def test_token_file_defaults_to_the_environment(tmp_path: Path) -> None:
     result = await anyio.run_process([*SERVER, "--port", "0"], check=False, env=env)
     assert result.returncode == 2
     assert f"the token file '{token_file}' is empty" in result.stderr.decode()
+
+
+async def test_server_subprocess_serves_tls_clients_with_certificates(tmp_path: Path) -> None:
+    """`--cacert --cert --key`: a client with a certificate from the CA is served over TLS."""
+    from tests.reliability.test_store_tls import Pki
+
+    pki = Pki(tmp_path)
+    cert, key = pki.node("server")
+    tls = ["--cacert", str(pki.cacert), "--cert", str(cert), "--key", str(key)]
+    async with await anyio.open_process(
+        [*SERVER, "--port", "0", *tls], stderr=subprocess.DEVNULL
+    ) as process:
+        assert process.stdout is not None
+        with anyio.fail_after(30):  # generous: a cold interpreter start on a busy machine
+            line = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 200)
+        port = int(line.decode().rsplit(":", 1)[1])
+        async with pki.credentials("client").client("127.0.0.1", port) as store:
+            await store.set("k", b"v")
+            assert await store.get("k") == b"v"
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            assert await process.wait() == 0
