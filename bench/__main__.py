@@ -23,9 +23,11 @@ from pathlib import Path
 from bench._report import BenchRun, render_chart, render_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("timer", "store", "rendezvous", "rendezvous_etcd", "agent", "recovery")
+BENCHES = ("timer", "store", "rendezvous", "rendezvous_etcd", "agent", "recovery", "scale")
 LOGS = ROOT / "bench" / "logs"
 CHART = "bench/ratios.png"
+NOTES = ROOT / "bench" / "notes"
+"""``<bench>.md`` here: hand-written notes (where the time went) kept in BENCHMARKS.md."""
 
 
 def run_bench(name: str, timeout: float) -> BenchRun:
@@ -139,7 +141,8 @@ def main() -> None:
         chart = CHART if render_chart(figures, str(ROOT / CHART)) else None
     else:
         print("no chart: pip install 'aioelastic[timeline]' (matplotlib)", file=sys.stderr)
-    Path(args.output).write_text(render_markdown(runs, facts, chart))
+    notes = {path.stem: path.read_text() for path in NOTES.glob("*.md")}
+    Path(args.output).write_text(render_markdown(runs, facts, chart, notes))
     print(f"wrote {args.output}" + (f" and {CHART}" if chart else ""), file=sys.stderr)
 
 

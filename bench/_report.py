@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 REFERENCES = ("torch", "torchrun", "target")
@@ -191,10 +191,20 @@ def _fmt(value: float | None) -> str:
     return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
+_OWN_CHART = re.compile(r"^chart: (?P<path>\S+\.png)\s*$", re.MULTILINE)
+
+
 def render_markdown(
-    runs: Sequence[BenchRun], machine: Sequence[tuple[str, str]], chart: str | None
+    runs: Sequence[BenchRun],
+    machine: Sequence[tuple[str, str]],
+    chart: str | None,
+    notes: Mapping[str, str] | None = None,
 ) -> str:
-    """BENCHMARKS.md: machine and versions, one table per benchmark, where we are behind."""
+    """BENCHMARKS.md: machine and versions, one table per benchmark, where we are behind.
+
+    A benchmark that prints ``chart: <path>.png`` gets that chart in its section; ``notes``
+    (benchmark name -> Markdown, e.g. where the time went) follow its table.
+    """
     lines = [
         "# Benchmarks",
         "",
@@ -219,6 +229,8 @@ def render_markdown(
         figures = run.figures
         status = "ok" if run.returncode == 0 else f"FAILED (exit {run.returncode})"
         lines += [f"## {run.bench}", "", f"`{run.command}`: {status}, {run.seconds:.0f} s", ""]
+        for own in _OWN_CHART.finditer(run.stdout):
+            lines += [f"![{run.bench}]({own['path']})", ""]
         if figures:
             lines += [
                 "| figure | unit | aioelastic | reference | printed ratio | advantage |",
@@ -237,6 +249,8 @@ def render_markdown(
             lines.append("")
         else:
             lines += ["No table with an aioelastic and a reference column was printed.", ""]
+        if notes and run.bench in notes:
+            lines += [notes[run.bench].strip(), ""]
         output = run.stdout.strip() or "(no output)"
         if run.returncode != 0 and run.stderr.strip():
             output += "\n--- stderr (last lines) ---\n" + "\n".join(

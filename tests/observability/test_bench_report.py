@@ -117,3 +117,12 @@ def test_the_chart_is_a_png(tmp_path: Path) -> None:
     assert render_chart(parse_tables("timer", TIMER), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not render_chart([], str(tmp_path / "none.png"))
+
+
+def test_a_benchmark_s_own_chart_and_notes_go_in_its_section() -> None:
+    """A printed ``chart: <png>`` line and the notes for a benchmark land in its section."""
+    runs = [BenchRun("scale", "-m bench.scale", 0, 5.0, "x\nchart: bench/scale.png\n", "")]
+    text = render_markdown(runs, [], None, {"scale": "Where the time went: here."})
+    section = text.split("## scale")[1]
+    assert "![scale](bench/scale.png)" in section
+    assert "Where the time went: here." in section

@@ -1,0 +1,463 @@
+"""Scale envelope: rendezvous formation and recovery against job size, with the store work behind.
+
+For N simulated nodes, each an elastic rendezvous handler in its own task of this process:
+
+* **formation**: from "go" to the last node's ``next_rendezvous()`` returning (one round of N);
+* **loss -> next round**: a node is cut off (its store fails, so it says no goodbye) and its
+  liveness key is deleted, the event its heartbeat's expiry produces; from that delete to the
+  last survivor's next ``next_rendezvous()`` returning. The survivors' round is sealed by the
+  last call (min_nodes = N - 1), whose configured wait is subtracted: what is left is
+  detection, invalidation, rejoining and sealing;
+* **loss -> new generation** (in-place recovery, issue 16): a column left for it, ``n/a``
+  until that work lands in the handler;
+* store operations and value bytes (written + read) per node, by operation;
+* the store server's CPU during each phase (``/proc/<pid>/stat`` of the TCP store server or
+  etcd process); over the memory store the whole process's CPU and the share of it the cyclic
+  garbage collector took (one process holding every node's objects is the simulation's cost,
+  not the protocol's).
+
+Backends: the memory store (ours, in this process), the TCP store over real connections (one
+connection per node to a ``aioelastic store-server`` process; the fd limit is raised to the
+hard limit), and a real single-member etcd (one shared client, as ``bench.rendezvous_etcd``).
+The machine is shared (2 cores, other jobs running): wall times are noisy, operation counts
+are not. Run ``python -m bench.scale`` (``--quick``: the small sizes only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import logging
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import anyio
+
+from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+from aioelastic.rendezvous._machine import alive_key
+from aioelastic.rendezvous._parameters import ElasticSettings
+from aioelastic.store import MemoryStore, Snapshot, Store, TCPStore, Value
+from aioelastic.testing import FaultyStore
+from bench.rendezvous import CountingStore
+
+SIZES = {
+    "memory": (100, 1000, 4000, 10000, 32000),
+    "tcp": (100, 1000, 4000, 10000),
+    "etcd": (100, 1000),
+}
+QUICK = {"memory": (100, 1000), "tcp": (100, 1000), "etcd": (100,)}
+TARGETS = {("memory", 10000): 5.0, ("memory", 32000): 20.0, ("tcp", 1000): 1.5}  # issue 18
+LAST_CALL = 1.0  # seconds; subtracted from loss -> next round
+CHART = Path(__file__).resolve().parent / "scale.png"
+
+
+class MeteredStore(CountingStore):
+    """Counts operations (by name) and the value bytes written and read."""
+
+    def __init__(self, store: Store, counts: Counter[str]) -> None:
+        super().__init__(store)
+        self.counts = counts
+
+    async def set(self, key: str, value: Value, *, ttl: float | None = None) -> None:
+        self.counts["bytes"] += len(value)
+        await super().set(key, value, ttl=ttl)
+
+    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+        value = await super().get(key, timeout=timeout)
+        self.counts["bytes"] += len(value)
+        return value
+
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        self.counts["bytes"] += len(expected) + len(desired)
+        stored = await super().compare_set(key, expected, desired)
+        self.counts["bytes"] += len(stored)
+        return stored
+
+    async def get_prefix(self, prefix: str) -> Snapshot:
+        snapshot = await super().get_prefix(prefix)
+        self.counts["bytes"] += sum(len(value) for value in snapshot.items.values())
+        return snapshot
+
+    async def ttl_remaining(self, key: str) -> float | None:
+        return await self.store.ttl_remaining(key)
+
+
+@dataclass
+class Phase:
+    """One measured phase of a point."""
+
+    seconds: float = math.nan
+    cpu: float = math.nan
+    """This process's CPU seconds (every node, and the memory store)."""
+    server: float = math.nan
+    """The store server's CPU seconds (TCP store server or etcd process; nan: in-process)."""
+    gc: float = math.nan
+    """CPU seconds of the cyclic garbage collector in this process during the phase."""
+    ops: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Point:
+    backend: str
+    nodes: int
+    formation: Phase
+    loss: Phase
+    generation: float = math.nan  # issue 16: time from failure to a new generation
+
+
+class GCMeter:
+    """CPU time spent in the cyclic garbage collector while ``on``."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.process_time()
+        else:
+            self.total += time.process_time() - self._start
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- the simulation, over any store ---------------------------------------------------------------
+
+
+async def simulate(
+    backend: str,
+    nodes: int,
+    open_view: Callable[[int], AsyncIterator[Store]],
+    admin: Store,
+    server_cpu: Callable[[], float],
+) -> Point:
+    """One round of ``nodes``, then one loss and the survivors' round (see the module doc)."""
+    run_id = f"scale-{uuid.uuid4().hex[:8]}"
+    settings = ElasticSettings(
+        run_id,
+        nodes - 1,
+        nodes,
+        join_timeout=600,
+        last_call_timeout=LAST_CALL,
+        keep_alive_interval=300,  # no keep-alive traffic inside the measured windows
+        heartbeat_timeout=900,
+        read_timeout=600,
+    )
+    counts: Counter[str] = Counter()
+    meter = GCMeter()
+    entered, go = anyio.Event(), anyio.Event()
+    joined = [anyio.Event(), anyio.Event()]
+    rounds: Counter[int] = Counter()
+    victim = nodes - 1  # the only node seen through a FaultyStore, so it can be cut off
+    victim_store: FaultyStore | None = None
+    victim_scope = anyio.CancelScope()
+    victim_id = -1
+    ready = 0
+
+    async def node(index: int) -> None:
+        nonlocal ready, victim_store, victim_id
+        async with AsyncExitStack() as stack:
+            view: Store = MeteredStore(
+                await stack.enter_async_context(asynccontextmanager(open_view)(index)), counts
+            )
+            if index == victim:
+                view = victim_store = FaultyStore(view, name=f"node{index}")
+            handler = await stack.enter_async_context(
+                ElasticRendezvousHandler(view, settings, backend=backend, local_addr="127.0.0.1")
+            )
+            if index == victim:
+                victim_id = handler.node_id
+            ready += 1
+            if ready == nodes:
+                entered.set()
+            await go.wait()
+            for round_ in (0, 1):
+                await handler.next_rendezvous()
+                rounds[round_] += 1
+                if rounds[round_] == (nodes if round_ == 0 else nodes - 1):
+                    joined[round_].set()
+                await handler.wait_round_invalidated()
+            await anyio.sleep_forever()
+
+    async def victim_node() -> None:
+        with victim_scope:
+            await node(victim)
+
+    async with anyio.create_task_group() as tg:
+        for index in range(nodes - 1):
+            tg.start_soon(node, index)
+        tg.start_soon(victim_node)
+        await entered.wait()
+        formation, loss = Phase(), Phase()
+        for phase in (formation, loss):
+            counts.clear()
+            gc_before, cpu_before, server_before = meter.total, time.process_time(), server_cpu()
+            if phase is formation:
+                started = time.perf_counter()
+                go.set()
+                await joined[0].wait()
+                phase.seconds = time.perf_counter() - started
+            else:
+                assert victim_store is not None
+                victim_store.partition()  # a crash: its goodbye fails, its key stays
+                victim_scope.cancel()
+                await anyio.wait_all_tasks_blocked()
+                counts.clear()
+                started = time.perf_counter()
+                await admin.delete_key(f"rdzv/{run_id}/{alive_key(victim_id)}")
+                await joined[1].wait()
+                phase.seconds = time.perf_counter() - started - LAST_CALL
+            phase.cpu = time.process_time() - cpu_before
+            phase.server = server_cpu() - server_before
+            phase.gc = meter.total - gc_before
+            phase.ops = dict(counts)
+        tg.cancel_scope.cancel()
+    gc.callbacks.remove(meter._callback)
+    return Point(backend, nodes, formation, loss)
+
+
+# -- backends -------------------------------------------------------------------------------
+
+
+def memory_point(nodes: int) -> Point:
+    async def run() -> Point:
+        store = MemoryStore()
+
+        async def view(_: int) -> AsyncIterator[Store]:
+            yield store
+
+        return await simulate("memory", nodes, view, store, lambda: math.nan)
+
+    return anyio.run(run)
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's open-file limit to the hard limit; return it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def tcp_point(nodes: int) -> Point:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "aioelastic", "store-server", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline().rsplit(":", 1)[1])
+
+        async def run() -> Point:
+            async with TCPStore("127.0.0.1", port) as admin:
+
+                async def view(_: int) -> AsyncIterator[Store]:
+                    async with TCPStore("127.0.0.1", port, connect_timeout=120) as store:
+                        yield store
+
+                return await simulate("tcp", nodes, view, admin, lambda: proc_cpu(server.pid))
+
+        return anyio.run(run)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def etcd_point(nodes: int, endpoint: str, pid: int) -> Point:
+    from aioelastic.store import EtcdStore
+
+    async def run() -> Point:
+        async with EtcdStore(endpoint, prefix=f"/scale-{uuid.uuid4().hex[:6]}/") as store:
+
+            async def view(_: int) -> AsyncIterator[Store]:
+                yield store
+
+            return await simulate("etcd", nodes, view, store, lambda: proc_cpu(pid))
+
+    return anyio.run(run)
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def per_node(phase: Phase, nodes: int, what: str = "ops") -> float:
+    if what == "bytes":
+        return phase.ops.get("bytes", 0) / nodes
+    return sum(count for name, count in phase.ops.items() if name != "bytes") / nodes
+
+
+def fmt_s(seconds: float) -> str:
+    return "n/a" if not math.isfinite(seconds) else f"{seconds:.3f}"
+
+
+def print_points(points: Sequence[Point]) -> None:
+    print(f"{'measure':<44}{'aioelastic':>12}{'target':>10}{'target/ours':>13}")
+    for p in points:
+        target = TARGETS.get((p.backend, p.nodes))
+        ratio = f"{target / p.formation.seconds:.1f}x" if target else "-"
+        shown = f"{target:g}" if target else "-"
+        label = f"formation, {p.backend}, N={p.nodes}"
+        print(f"{label:<44}{p.formation.seconds:>12.3f}{shown:>10}{ratio:>13}  s")
+    print()
+    head = (
+        f"{'backend':<8}{'N':>7}  {'formation':>10}{'cpu':>9}{'gc':>9}{'server':>9}"
+        f"  {'loss->round':>11}{'cpu':>9}{'gc':>9}{'server':>9}  {'loss->gen':>9}"
+        f"{'ops/node':>10}{'loss ops':>10}{'bytes/node':>11}"
+    )
+    print(head)
+    for p in points:
+        f, lo = p.formation, p.loss
+        print(
+            f"{p.backend:<8}{p.nodes:>7}  {fmt_s(f.seconds):>10}{fmt_s(f.cpu):>9}"
+            f"{fmt_s(f.gc):>9}{fmt_s(f.server):>9}  {fmt_s(lo.seconds):>11}{fmt_s(lo.cpu):>9}"
+            f"{fmt_s(lo.gc):>9}{fmt_s(lo.server):>9}  {fmt_s(p.generation):>9}"
+            f"{per_node(f, p.nodes):>10.2f}{per_node(lo, p.nodes - 1):>10.2f}"
+            f"{per_node(f, p.nodes, 'bytes'):>11.0f}"
+        )
+    print(
+        "\nformation, loss->round: wall seconds; cpu: this process (every node, and the memory "
+        "store); gc: the share of that cpu spent in the cyclic collector; server: the TCP store "
+        "server's or etcd's process; ops, bytes: per node (bytes: values written and read)"
+    )
+    print("loss->gen: in-place recovery (issue 16) has not landed in the handler: n/a")
+    print("\nstore operations per node, by operation")
+    for p in points:
+        for name, phase, size in (
+            ("formation", p.formation, p.nodes),
+            ("loss", p.loss, p.nodes - 1),
+        ):
+            detail = ", ".join(
+                f"{op} {count / size:.2f}"
+                for op, count in sorted(phase.ops.items())
+                if op != "bytes"
+            )
+            print(f"{p.backend:<8}{p.nodes:>7} {name:<10} {detail}")
+
+
+def growth(points: Sequence[Point]) -> None:
+    """Cost ratio for each step in N, per backend: wall, and this process's CPU without GC."""
+    print("\ngrowth from one size to the next (linear: the cost grows as N does)")
+
+    def ratio(x: float, y: float) -> str:
+        return f"x{y / x:.1f}" if x > 0 else "-"
+
+    for backend in SIZES:
+        mine = [p for p in points if p.backend == backend]
+        for a, b in itertools.pairwise(mine):
+            fa, fb = a.formation, b.formation
+            print(
+                f"{backend:<8}{a.nodes:>6} -> {b.nodes:<6} N x{b.nodes / a.nodes:<5.1f} "
+                f"formation wall {ratio(fa.seconds, fb.seconds):<6} "
+                f"cpu {ratio(fa.cpu, fb.cpu):<6} cpu-gc {ratio(fa.cpu - fa.gc, fb.cpu - fb.gc):<6} "
+                f"loss->round wall {ratio(a.loss.seconds, b.loss.seconds)}"
+            )
+
+
+def chart(points: Sequence[Point], path: Path) -> bool:
+    """A log-log chart of time against N per backend and phase; False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for backend, color in (("memory", "#2a9d8f"), ("tcp", "#e76f51"), ("etcd", "#264653")):
+        mine = [p for p in points if p.backend == backend]
+        if not mine:
+            continue
+        xs = [p.nodes for p in mine]
+        ax.plot(
+            xs,
+            [p.formation.seconds for p in mine],
+            "o-",
+            color=color,
+            label=f"{backend}: formation",
+        )
+        ax.plot(
+            xs,
+            [p.loss.seconds for p in mine],
+            "s--",
+            color=color,
+            label=f"{backend}: loss -> next round",
+        )
+    lo = min(p.nodes for p in points)
+    ref = min(p.formation.seconds for p in points if p.nodes == lo)
+    xs = sorted({p.nodes for p in points})
+    ax.plot(xs, [ref * x / lo for x in xs], ":", color="grey", label="linear in N")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes (N)")
+    ax.set_ylabel("seconds (wall, shared 2-core machine)")
+    ax.set_title("aioelastic rendezvous: time against job size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the small sizes only")
+    parser.add_argument("--backends", nargs="*", choices=SIZES, default=list(SIZES))
+    parser.add_argument("--json", type=Path, help="also write the points here")
+    args = parser.parse_args()
+    logging.disable(logging.CRITICAL)
+    limit = raise_fd_limit()
+    sizes = QUICK if args.quick else SIZES
+    print(
+        f"scale envelope: {os.cpu_count()} CPUs (shared), load {os.getloadavg()[0]:.2f}, "
+        f"fd limit {limit}, last call {LAST_CALL:g} s (subtracted)"
+    )
+    points: list[Point] = []
+    for backend in args.backends:
+        chosen = [n for n in sizes[backend] if backend != "tcp" or 2 * n + 64 < limit]
+        if backend == "etcd":
+            from aioelastic.store._etcd_process import EtcdCluster, find_etcd_binary
+
+            binary = find_etcd_binary()
+            if binary is None:
+                print("etcd: no etcd binary, skipped")
+                continue
+            with tempfile.TemporaryDirectory() as tmp, EtcdCluster(binary, Path(tmp)) as cluster:
+                process = cluster.members[0].process
+                assert process is not None
+                for n in chosen:
+                    points.append(etcd_point(n, cluster.endpoints, process.pid))
+                    print(f"  etcd N={n} done", file=sys.stderr, flush=True)
+            continue
+        for n in chosen:
+            points.append(memory_point(n) if backend == "memory" else tcp_point(n))
+            print(f"  {backend} N={n} done", file=sys.stderr, flush=True)
+    print_points(points)
+    growth(points)
+    if chart(points, CHART):
+        print(f"\nchart: bench/{CHART.name}")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(p) for p in points], indent=1))
+
+
+if __name__ == "__main__":
+    main()
