@@ -8,8 +8,11 @@ For N simulated nodes, each an elastic rendezvous handler in its own task of thi
   last survivor's next ``next_rendezvous()`` returning. The survivors' round is sealed by the
   last call (min_nodes = N - 1), whose configured wait is subtracted: what is left is
   detection, invalidation, rejoining and sealing;
-* **loss -> new generation** (in-place recovery, issue 16): a column left for it, ``n/a``
-  until that work lands in the handler;
+* **loss -> new generation** (in-place recovery, issue 16): the generation protocol's pure
+  core (``aioelastic.agent._generations``) with one worker per node and a spare on the failed
+  node, from the failed worker's exit to ``GenerationFormed``, every worker answering at once:
+  the core's CPU, not processes (``bench.recovery`` times real gloo jobs). Skipped above
+  ``GENERATION_LIMIT`` nodes: it grows as N^2 (see the notes);
 * store operations and value bytes (written + read) per node, by operation;
 * the store server's CPU during each phase (``/proc/<pid>/stat`` of the TCP store server or
   etcd process); over the memory store the whole process's CPU and the share of it the cyclic
@@ -61,6 +64,7 @@ SIZES = {
 QUICK = {"memory": (100, 1000), "tcp": (100, 1000), "etcd": (100,)}
 TARGETS = {("memory", 10000): 5.0, ("memory", 32000): 20.0, ("tcp", 1000): 1.5}  # issue 18
 LAST_CALL = 1.0  # seconds; subtracted from loss -> next round
+GENERATION_LIMIT = 4000
 CHART = Path(__file__).resolve().parent / "scale.png"
 
 
@@ -234,6 +238,36 @@ async def simulate(
     return Point(backend, nodes, formation, loss)
 
 
+def generation_seconds(nodes: int) -> float:
+    """CPU seconds of the generation core from a worker's failure to the next formed world."""
+    from aioelastic.agent import _generations as g
+
+    specs = {node: g.NodeSpec(1, 1 if node == nodes - 1 else 0) for node in range(nodes)}
+    machine = g.GenerationMachine(specs, recovery_timeout=600)
+
+    def answer(commands: list[g.Command], now: float) -> bool:
+        """Let every spawned worker say Ready and every assigned one Entered; formed?"""
+        pending, formed = list(commands), False
+        while pending:
+            command = pending.pop()
+            if isinstance(command, g.Spawn):
+                pending += machine.send(g.Ready(command.worker), now)
+            elif isinstance(command, g.Assign):
+                event = g.Entered(command.worker, command.place.generation)
+                pending += machine.send(event, now)
+            formed = formed or isinstance(command, g.GenerationFormed)
+        return formed
+
+    answer(machine.start(0.0), 0.0)
+    assert machine.generation is not None
+    assert machine.phase is g.Phase.RUNNING
+    started = time.process_time()
+    formed = answer(machine.send(g.Exited(machine.generation.members[-1], -9), 1.0), 1.0)
+    if not formed:
+        raise RuntimeError(f"no new generation formed at N={nodes} ({machine.phase})")
+    return time.process_time() - started
+
+
 # -- backends -------------------------------------------------------------------------------
 
 
@@ -338,7 +372,10 @@ def print_points(points: Sequence[Point]) -> None:
         "store); gc: the share of that cpu spent in the cyclic collector; server: the TCP store "
         "server's or etcd's process; ops, bytes: per node (bytes: values written and read)"
     )
-    print("loss->gen: in-place recovery (issue 16) has not landed in the handler: n/a")
+    print(
+        f"loss->gen: the in-place recovery generation core's CPU, failure -> formed (n/a: above "
+        f"{GENERATION_LIMIT} nodes, where its N^2 makes it minutes)"
+    )
     print("\nstore operations per node, by operation")
     for p in points:
         for name, phase, size in (
@@ -449,7 +486,10 @@ def main() -> None:
                     print(f"  etcd N={n} done", file=sys.stderr, flush=True)
             continue
         for n in chosen:
-            points.append(memory_point(n) if backend == "memory" else tcp_point(n))
+            point = memory_point(n) if backend == "memory" else tcp_point(n)
+            if backend == "memory" and n <= GENERATION_LIMIT:
+                point.generation = generation_seconds(n)
+            points.append(point)
             print(f"  {backend} N={n} done", file=sys.stderr, flush=True)
     print_points(points)
     growth(points)
