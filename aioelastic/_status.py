@@ -11,10 +11,12 @@ minus the time the store says that key has left, both on the store's own clock.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aioelastic.agent._generations import GENERATION_PREFIX
 from aioelastic.rendezvous import _machine as m
 
 if TYPE_CHECKING:
@@ -36,6 +38,17 @@ class NodeStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerationStatus:
+    """One node's world under in-place recovery: its generation, its pids by rank, its spares."""
+
+    group_rank: int
+    generation: int
+    phase: str
+    pids: tuple[int, ...]
+    spares: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RunStatus:
     """The rendezvous state of one run."""
 
@@ -49,6 +62,8 @@ class RunStatus:
     """Members of the last round reported gone, with the reason given."""
     nodes_seen: int
     """Node ids handed out so far (every handler that ever entered)."""
+    generations: tuple[GenerationStatus, ...] = ()
+    """Nodes running ``--recovery in-place``: their world's generation and spares."""
 
 
 def read_status(
@@ -95,7 +110,27 @@ def read_status(
         waiting=waiting,
         lost=lost,
         nodes_seen=int(items.get(m.NODE_IDS_KEY, b"0")),
+        generations=_generations(_under(items, f"store/{latest}/{GENERATION_PREFIX}")),
     )
+
+
+def _generations(items: Mapping[str, bytes]) -> tuple[GenerationStatus, ...]:
+    found = []
+    for key, value in sorted(items.items()):
+        try:
+            data = json.loads(value)
+            found.append(
+                GenerationStatus(
+                    int(key.rsplit("/", 1)[1]),
+                    int(data["generation"]),
+                    str(data["phase"]),
+                    tuple(int(p) for p in data["pids"]),
+                    tuple(int(p) for p in data["spares"]),
+                )
+            )
+        except (ValueError, KeyError, TypeError):
+            continue  # not ours, or another version's: status shows what it can read
+    return tuple(found)
 
 
 def _under(items: Mapping[str, bytes], prefix: str) -> dict[str, bytes]:
@@ -121,6 +156,13 @@ def format_status(status: RunStatus) -> str:
         lines.append(f"  {node.rank:>4}  {_node_columns(node)}{lost}")
     for node in status.waiting:
         lines.append(f"  {'wait':>4}  {_node_columns(node)}")
+    for world in status.generations:
+        spares = ", ".join(map(str, world.spares)) or "none"
+        lines.append(
+            f"  node of rank {world.group_rank}: generation {world.generation} ({world.phase}), "
+            f"world size {len(world.pids)}, pids {' '.join(map(str, world.pids))}; "
+            f"spares ready: {spares}"
+        )
     if not status.round and not status.waiting:
         lines.append("  no node has joined this run yet (check --rdzv-id)")
     return "\n".join(lines)

@@ -2,7 +2,9 @@
 
 :func:`build_timeline` turns the records of one or more ``--events-file`` logs into lanes: one
 per node (rendezvous waits, restarts, membership changes, the end of the run) and one per
-worker rank (its lifetimes, failures and watchdog reaps). It does no I/O and reads no clock;
+worker rank (its lifetimes, failures and watchdog reaps). Under in-place recovery the node lane
+marks each generation (assigned, formed) and a rank's lane starts a new life where a spare or
+a new process took it. It does no I/O and reads no clock;
 times are seconds since the first record. :func:`render_timeline` draws it with matplotlib
 (the optional extra ``aioelastic[timeline]``).
 """
@@ -113,6 +115,29 @@ class _Builder:
             if kind == "NodeLost":
                 reason = f"reported node {data.get('lost', '?')} lost"
             self.marks.append(Mark(node_lane, when, "membership", reason))
+        elif kind == "SpareStarted":
+            self.marks.append(
+                Mark(self.lane(f"spares ({node})"), when, "spare", f"pid {data.get('pid')}")
+            )
+        elif kind == "GenerationAssigned":
+            generation = data.get("generation", "?")
+            label = f"gen {generation}: {data.get('reason', '?')}"
+            self.marks.append(Mark(node_lane, when, "generation", label))
+            for replaced in data.get("replaced", ()):
+                pid = replaced.get("pid")
+                lane = self.lane(f"rank {replaced.get('rank', '?')} ({node})")
+                self.lanes_of[(node, pid)] = lane
+                self.end_worker(lane, when, "stopped")
+                self.running[lane] = (when, f"pid {pid}, gen {generation}")
+                if replaced.get("by_spare"):
+                    self.marks.append(Mark(lane, when, "spare", f"spare pid {pid} took the rank"))
+        elif kind == "GenerationFormed":
+            since = data.get("since_failure")
+            took = f" {since * 1000:.0f} ms after the failure" if isinstance(since, float) else ""
+            label = f"gen {data.get('generation', '?')} formed{took}"
+            self.marks.append(Mark(node_lane, when, "formed", label))
+        elif kind == "RecoveryFellBack":
+            self.marks.append(Mark(node_lane, when, "restart", "in-place recovery fell back"))
         elif kind == "ShutdownRequested":
             self.marks.append(Mark(node_lane, when, "shutdown", f"signal {data.get('signal')}"))
         elif kind == "RunFinished":
@@ -173,6 +198,9 @@ MARK_STYLES = {
     "membership": ("D", "#3a86ff"),
     "shutdown": ("s", "#000000"),
     "finished": ("*", "#000000"),
+    "generation": ("^", "#2a9d8f"),
+    "formed": ("o", "#2a9d8f"),
+    "spare": ("P", "#90be6d"),
 }
 
 

@@ -335,6 +335,7 @@ class ElasticAgent(Service):
                     reason="the rendezvous was closed: another node ended the job",
                 )
             self._rounds += 1
+            self._attempts.store = info.store  # where in-place recovery shows its generation
             assigned = await self._assign_unless_invalidated(info)
             if isinstance(assigned[0], Outcome):  # a member never showed up; the round moved on
                 if assigned[0] is Outcome.CLOSED:

@@ -46,6 +46,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+GENERATION_PREFIX = "aioelastic/agent/generation/"
+"""In a round's store, where each node shows its generation (``aioelastic status`` reads it)."""
+
+
+def generation_key(group_rank: int) -> str:
+    """Where the node of ``group_rank`` shows its generation."""
+    return f"{GENERATION_PREFIX}{group_rank}"
+
+
 # -- identities and records -----------------------------------------------------------------------
 
 

@@ -16,11 +16,12 @@ A worker that asks nothing of the API is an ordinary worker: see the machine's W
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._group import Outcome, WorkerGroup, _Worker
 from aioelastic.agent._spec import WorkerSpec
+from aioelastic.store import Store, StoreError
 from aioelastic.worker._protocol import (
     WORKER_FD_ENV,
     Enter,
@@ -60,6 +62,21 @@ from aioelastic.worker._protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def encode_generation(machine: g.GenerationMachine, pids: Mapping[g.WorkerKey, int]) -> bytes:
+    """What ``aioelastic status`` reads: the generation, its pids by rank, the spares' pids."""
+    generation = machine.generation
+    spares = [pids[key] for key in machine.spares()]
+    return json.dumps(
+        {
+            "generation": 0 if generation is None else generation.number,
+            "phase": machine.phase.name.lower(),
+            "pids": [] if generation is None else [pids[k] for k in generation.members],
+            "spares": spares,
+        }
+    ).encode()
+
 
 VERDICT_GRACE = 2.0
 """How long a worker whose ``with world:`` raised waits to hear that its world ended before the
@@ -93,6 +110,8 @@ class InPlaceGroup(WorkerGroup):
 
     first_generation = 1
     """The number of this attempt's first generation (numbers go on across attempts)."""
+    store: Store | None = None
+    """Where the node's generation is shown (``aioelastic status``), if anywhere."""
 
     def _setup(self) -> None:
         node = self.info.group_rank
@@ -108,6 +127,7 @@ class InPlaceGroup(WorkerGroup):
         self._store_dir.mkdir(exist_ok=True)
         self._tell, self._heard = anyio.create_memory_object_stream[_Notice](math.inf)
         self._reports: list[AgentEvent] = []
+        self._shown = anyio.Event()
 
     async def run(
         self,
@@ -139,6 +159,31 @@ class InPlaceGroup(WorkerGroup):
         )
 
     async def _wait_workers(self) -> tuple[Outcome, str]:
+        async with anyio.create_task_group() as tg:
+            if self.store is not None:
+                tg.start_soon(self._show_generation, self.store)
+            ended = await self._drive()
+            tg.cancel_scope.cancel()
+        return ended
+
+    async def _show_generation(self, store: Store) -> None:
+        """Keep this node's generation and spares in ``store`` (``aioelastic status`` reads it)."""
+        shown = b""
+        while True:
+            await self._shown.wait()
+            self._shown = anyio.Event()
+            value = encode_generation(self.machine, self._linked_pids())
+            if value != shown:
+                try:
+                    await store.set(g.generation_key(self.info.group_rank), value)
+                    shown = value
+                except StoreError as exc:  # the status display is not worth failing a job
+                    logger.info("could not show generation in the store: %s", exc)
+
+    def _linked_pids(self) -> dict[g.WorkerKey, int]:
+        return {key: linked.worker.process.pid for key, linked in self._linked.items()}
+
+    async def _drive(self) -> tuple[Outcome, str]:
         heard: MemoryObjectReceiveStream[_Notice] = self._heard
         while True:
             due = min([self.machine.deadline, *(d for _, d in self._verdicts.values())])
@@ -152,6 +197,7 @@ class InPlaceGroup(WorkerGroup):
             else:
                 commands = self._hear(notice, now)
             ended = self._apply(commands)
+            self._shown.set()
             reports, self._reports = self._reports, []
             for event in reports:  # after the survivors were told: reports cost file writes
                 self._emit(event)
@@ -359,6 +405,8 @@ class Attempts:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
+        self.store: Store | None = None
+        """The round's store: each in-place group shows its generation there."""
         self.last_generation = 0
         self._current: InPlaceGroup | None = None
         self._warned = False
@@ -379,6 +427,7 @@ class Attempts:
             return WorkerGroup(self.spec, info, ranks, **options)
         group = InPlaceGroup(self.spec, info, ranks, **options)
         group.first_generation = self.last_generation + 1
+        group.store = self.store
         self._current = group
         return group
 

@@ -12,7 +12,9 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.agent.conftest import BOUND, WORKER, launched
+from aioelastic._cli_status import fetch_status
+from aioelastic._status import format_status
+from tests.agent.conftest import BOUND, WORKER, free_port, launched
 
 pytestmark = pytest.mark.anyio
 
@@ -160,3 +162,30 @@ async def test_spares_need_in_place_recovery() -> None:
         status = await run.wait()
     assert status == 2
     assert "--spares needs --recovery in-place" in run.err.text
+
+
+async def test_status_shows_the_generation_and_the_spares(tmp_path: Path) -> None:
+    """aioelastic status reads a node's generation, its pids and its ready spare."""
+    port, finish = free_port(), tmp_path / "finish"
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "gen"]
+    argv = ["--nnodes", "1", *rdzv, "--nproc-per-node", "2", "--recovery", "in-place"]
+    with anyio.fail_after(BOUND):
+        async with launched(
+            *argv, "--spares", "1", PLAIN_WORKER, "--exit-when", str(finish)
+        ) as run:
+            await run.out.wait_for("asking pid", count=3)
+            spare = int(re.findall(r"started a spare worker: pid (\d+)", run.err.text)[0])
+            endpoint = f"127.0.0.1:{port}"
+            while True:  # the agent shows each change right after making it
+                status = await fetch_status("c10d", endpoint, "gen", {}, 10.0)
+                shown = status.generations
+                if shown and shown[0].spares and shown[0].phase == "running":
+                    break
+            finish.write_text("")
+            assert await run.wait() == 0, run
+    (world,) = status.generations
+    assert (world.generation, world.phase, world.spares) == (1, "running", (spare,))
+    assert sorted(world.pids) == sorted(members_plain(run.out.text, 1).values())
+    assert f"generation 1 (running), world size 2, pids {' '.join(map(str, world.pids))}; " in (
+        format_status(status)
+    )

@@ -131,3 +131,35 @@ def test_labels_of_one_incident_stack_and_do_not_repeat() -> None:
         ("participant_lost", None),
         ("succeeded", 0),
     ]
+
+
+def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank() -> None:
+    """A spare takes rank 1: the rank's lane gets a second life; the node lane marks gen 2."""
+    run = [
+        ev(100.0, "RendezvousCompleted", group_rank=0, group_world_size=1, world_size=2),
+        ev(100.1, "SpareStarted", pid=12),
+        ev(100.1, "WorkersStarted", restart_count=0, ranks=[0, 1], pids=[10, 11]),
+        ev(
+            101.0, "WorkerFailed", failure={"local_rank": 1, "rank": 1, "pid": 11, "returncode": -9}
+        ),
+        ev(
+            101.0,
+            "GenerationAssigned",
+            generation=2,
+            world_size=2,
+            reason="rank 1 failed",
+            pids=[10, 12],
+            replaced=[{"rank": 1, "local_rank": 1, "failed_pid": 11, "pid": 12, "by_spare": True}],
+        ),
+        ev(101.05, "GenerationFormed", generation=2, world_size=2, reason="", since_failure=0.05),
+        ev(102.0, "WorkerSucceeded", local_rank=0, rank=0, pid=10),
+        ev(102.0, "WorkerSucceeded", local_rank=0, rank=1, pid=12),
+    ]
+    timeline = build_timeline(run)
+    assert timeline.lanes == ("a", "spares (a)", "rank 0 (a)", "rank 1 (a)")
+    rank1 = [(s.label, s.outcome) for s in timeline.spans if s.lane == "rank 1 (a)"]
+    assert rank1 == [("pid 11, restart 0", "failed"), ("pid 12, gen 2", "succeeded")]
+    kinds = [(m.lane, m.kind, m.label) for m in timeline.marks]
+    assert ("a", "generation", "gen 2: rank 1 failed") in kinds
+    assert ("a", "formed", "gen 2 formed 50 ms after the failure") in kinds
+    assert ("rank 1 (a)", "spare", "spare pid 12 took the rank") in kinds

@@ -31,6 +31,7 @@ def main() -> None:
         else:
             print(f"hanging pid {os.getpid()}", flush=True)
             threading.Event().wait()
+    print(f"asking pid {os.getpid()}", flush=True)
     for world in worker.worlds():
         with world:
             print(f"gen {world.generation} rank {world.rank} pid {os.getpid()}", flush=True)
