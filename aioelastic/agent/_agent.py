@@ -62,6 +62,7 @@ from aioelastic.agent._logs import console_writer, make_run_log_dir
 from aioelastic.agent._recovery import Attempts
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
+from aioelastic.agent._timeouts import agent_timeouts, check_timeouts
 from aioelastic.rendezvous import (
     InvalidationReason,
     RendezvousClosedError,
@@ -197,6 +198,7 @@ class ElasticAgent(Service):
         """Run the job on this node until it succeeds, fails for good or is stopped."""
         if self._state != "init":
             raise AgentStateError(f"an ElasticAgent runs once; this one is {self._state}")
+        check_timeouts(agent_timeouts(self.spec))  # before anything starts
         self._state = "running"
         self._kill_now = anyio.Event()
         self._finished = anyio.Event()

@@ -345,6 +345,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
     from aioelastic.agent._group import unwrap_single_error
     from aioelastic.agent._report import format_report
     from aioelastic.agent._spec import ForensicsSpec, WorkerSpec
+    from aioelastic.agent._timeouts import TimeoutConflictError
     from aioelastic.events import EventLogError, observe, watch_rendezvous
     from aioelastic.metrics import MetricsPortError
     from aioelastic.rendezvous import (
@@ -408,7 +409,13 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         router.agent.subscribe(recorder)
                     result = await router.agent.run()
                 tg.cancel_scope.cancel()
-    except (RendezvousParameterError, WorkerSpecError, EventLogError, MetricsPortError) as exc:
+    except (
+        RendezvousParameterError,
+        WorkerSpecError,
+        TimeoutConflictError,
+        EventLogError,
+        MetricsPortError,
+    ) as exc:
         one_line_error(str(exc))
     except (RendezvousError, AgentError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
