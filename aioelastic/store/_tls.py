@@ -23,9 +23,9 @@ TLS_FAILURES = (OSError, anyio.EndOfStream, anyio.BrokenResourceError, TimeoutEr
 
 def server_context(cacert: PathLike, cert: PathLike, key: PathLike) -> ssl.SSLContext:
     """A server context that presents ``cert`` and refuses clients without a valid one."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    _load(context, cacert, cert, key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.verify_mode = ssl.CERT_REQUIRED
+    _load(context, cacert, cert, key)
     return context
 
 
@@ -33,7 +33,7 @@ def client_context(
     cacert: PathLike, cert: PathLike | None = None, key: PathLike | None = None
 ) -> ssl.SSLContext:
     """A client context that checks the server against ``cacert`` and presents ``cert``."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # checks the certificate and host name
     _load(context, cacert, cert, key)
     return context
 
@@ -41,7 +41,11 @@ def client_context(
 def _load(
     context: ssl.SSLContext, cacert: PathLike, cert: PathLike | None, key: PathLike | None
 ) -> None:
-    """Load the CA and the certificate chain; raise ``ValueError`` naming the file at fault."""
+    """Load the CA and the certificate chain; raise ``ValueError`` naming the file at fault.
+
+    Only ``cacert`` is trusted: never the system's CAs, which would let any certificate a
+    public CA ever issued into the job.
+    """
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_verify_locations(cafile=str(cacert))

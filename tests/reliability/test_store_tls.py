@@ -154,10 +154,13 @@ def test_an_unreadable_ca_file_is_named(tmp_path: Path) -> None:
         server_context(tmp_path / "no-ca.pem", tmp_path / "c", tmp_path / "k")
 
 
-def test_the_server_context_requires_client_certificates(pki: Pki) -> None:
-    """The server's context verifies clients: CERT_REQUIRED."""
+def test_the_contexts_require_certificates_and_trust_only_the_job_ca(pki: Pki) -> None:
+    """Both ends demand the other's certificate and trust the job's CA alone, not the system's."""
     cert, key = pki.node("server")
-    assert server_context(pki.cacert, cert, key).verify_mode == ssl.CERT_REQUIRED
+    server, client = server_context(pki.cacert, cert, key), client_context(pki.cacert, cert, key)
+    assert (server.verify_mode, client.verify_mode) == (ssl.CERT_REQUIRED, ssl.CERT_REQUIRED)
+    assert client.check_hostname
+    assert len(server.get_ca_certs()) == len(client.get_ca_certs()) == 1
 
 
 # -- the c10d backend over TLS ------------------------------------------------------------
