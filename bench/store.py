@@ -8,7 +8,10 @@ Workloads (issue 2), each run against both stores in the same run:
 * pipelined: one client, 64 concurrent ``get`` calls (torch: 64 threads sharing one client);
 * fan-out: 64 waiters parked on one key, each on its own connection; time from the ``set``
   until the last of them has its value (median of rounds);
-* memory: peak server RSS after writing 100,000 keys of 64 bytes (and the growth from idle).
+* memory: peak server RSS after writing 100,000 keys of 64 bytes (and the growth from idle);
+* the cost of security: sequential and 16 processes again with TLS (certificates checked both
+  ways, throwaway ones from ``trustme``), and the time to open a connection with no token, a
+  token (its challenge-response is one more round trip) and TLS, against the plain server.
 
 Each server runs in its own process (``python -m bench.store host ours|torch``); clients run in
 the bench process (ours on uvloop when installed) or in worker processes. Ratios are
@@ -19,6 +22,7 @@ and memory rows. The machine is shared: figures are noisy. torch rows are skippe
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import statistics
@@ -59,14 +63,60 @@ def host(kind: str) -> None:
 
     import anyio
 
-    from aioelastic.store import TCPStoreServer
-
     async def serve() -> None:
-        async with TCPStoreServer() as server:
+        async with _credentials(kind).server("127.0.0.1") as server:
             print(server.port, flush=True)
             await anyio.to_thread.run_sync(sys.stdin.read)
 
     anyio.run(serve, backend_options=_loop_options())
+
+
+SECURED = ("ours-token", "ours-tls")
+"""Store kinds that are ours with a token, or with TLS (files in ``$BENCH_STORE_TLS_DIR``)."""
+TOKEN = b"bench-token-" + b"0" * 52
+
+
+@functools.cache
+def _credentials(kind: str) -> Any:
+    from aioelastic.store._credentials import StoreCredentials
+
+    if kind == "ours-token":
+        return StoreCredentials(TOKEN)
+    if kind == "ours-tls":
+        tls = os.environ["BENCH_STORE_TLS_DIR"]
+        return StoreCredentials.from_files(
+            cacert=f"{tls}/ca.pem", cert=f"{tls}/node.pem", key=f"{tls}/node.key"
+        )
+    return StoreCredentials()
+
+
+def ours_client(kind: str, port: int) -> Any:
+    """An (unopened) TCPStore with the credentials ``kind`` needs."""
+    return _credentials(kind).client("127.0.0.1", port)
+
+
+@contextmanager
+def throwaway_certificates() -> Iterator[bool]:
+    """Point ``$BENCH_STORE_TLS_DIR`` at a fresh CA and loopback certificate; False without
+    trustme (the TLS rows are then skipped)."""
+    import tempfile
+
+    if importlib.util.find_spec("trustme") is None:
+        yield False
+        return
+    import trustme
+
+    with tempfile.TemporaryDirectory() as tls:
+        ca = trustme.CA()
+        ca.cert_pem.write_to_path(f"{tls}/ca.pem")
+        issued = ca.issue_cert("127.0.0.1")
+        issued.cert_chain_pems[0].write_to_path(f"{tls}/node.pem")
+        issued.private_key_pem.write_to_path(f"{tls}/node.key")
+        os.environ["BENCH_STORE_TLS_DIR"] = tls
+        try:
+            yield True
+        finally:
+            del os.environ["BENCH_STORE_TLS_DIR"]
 
 
 def _loop_options() -> dict[str, bool]:
@@ -204,10 +254,8 @@ def run_async(fn: Callable[..., object], *args: object) -> object:
     return anyio.run(fn, *args, backend_options=_loop_options())  # type: ignore[arg-type]
 
 
-async def ours_sequential(port: int) -> dict[str, float]:
-    from aioelastic.store import TCPStore
-
-    async with TCPStore("127.0.0.1", port) as s:
+async def ours_sequential(port: int, kind: str = "ours") -> dict[str, float]:
+    async with ours_client(kind, port) as s:
         for i in range(100):
             await s.set(f"warm{i}", VALUE)
         n = SEQUENTIAL_OPS
@@ -318,9 +366,7 @@ def worker(kind: str, port: int, pairs: int) -> None:
     async def run() -> None:
         import anyio
 
-        from aioelastic.store import TCPStore
-
-        async with TCPStore("127.0.0.1", port) as store:
+        async with ours_client(kind, port) as store:
             print("ready", flush=True)
             await anyio.to_thread.run_sync(sys.stdin.readline)
             for i in range(pairs):
@@ -382,11 +428,14 @@ class Row:
         return f"{self.name:<34} {self.unit:<7} {self.ours:>12,.1f} {theirs:>12} {ratio:>7}"
 
 
-def measure(kind: str) -> dict[str, float]:
-    """Run every workload against one store kind; return figures by row name."""
+def measure(kind: str, rows: tuple[str, ...] = ()) -> dict[str, float]:
+    """Run every workload (or those whose names start with one of ``rows``) against one store
+    kind; return figures by row name."""
     figures: dict[str, float] = {}
     with server(kind) as (port, _):
-        sequential = torch_sequential(port) if kind == "torch" else run_async(ours_sequential, port)
+        sequential = (
+            torch_sequential(port) if kind == "torch" else run_async(ours_sequential, port, kind)
+        )
         assert isinstance(sequential, dict)
         for op, rate in sequential.items():
             figures[f"sequential {op}"] = rate
@@ -395,6 +444,8 @@ def measure(kind: str) -> dict[str, float]:
         figures["16 processes set+get"] = many_processes(kind, port)
         ops = PROCESSES * PAIRS * 2
         figures["  server CPU per op, 16 processes"] = (cpu_seconds(pid) - cpu) / ops * 1e6
+    if rows:
+        return figures
     with server(kind) as (port, _):
         pipelined = torch_pipelined(port) if kind == "torch" else run_async(ours_pipelined, port)
         assert isinstance(pipelined, float)
@@ -412,6 +463,38 @@ def measure(kind: str) -> dict[str, float]:
     return figures
 
 
+CONNECTS = 200
+
+
+async def ours_connect(port: int, kind: str) -> float:
+    """Median time to open a connection (TCP, TLS if any, handshake), in ms."""
+    times = []
+    for _ in range(CONNECTS):
+        start = time.perf_counter()
+        async with ours_client(kind, port):
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def measure_security() -> list[tuple[str, str, float, float]]:
+    """Rows (name, unit, plain, secured) for what a token and TLS cost."""
+    rows = []
+    with server("ours") as (port, _):
+        plain_connect = run_async(ours_connect, port, "ours")
+    for kind in SECURED:
+        with server(kind) as (port, _):
+            secured = run_async(ours_connect, port, kind)
+        assert isinstance(plain_connect, float)
+        assert isinstance(secured, float)
+        rows.append((f"open a connection, {kind[5:]}", "ms", plain_connect, secured))
+    plain = measure("ours", rows=("sequential", "16 processes"))
+    tls = measure("ours-tls", rows=("sequential", "16 processes"))
+    for name, value in tls.items():
+        unit = next(u for prefix, u in UNITS.items() if name.startswith(prefix))
+        rows.append((f"{name}, tls", unit, plain[name], value))
+    return rows
+
+
 UNITS = {
     "sequential": "ops/s",
     "16 processes": "ops/s",
@@ -425,7 +508,13 @@ UNITS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-torch", action="store_true", help="measure aioelastic only")
+    parser.add_argument(
+        "--security", action="store_true", help="measure only what a token and TLS cost"
+    )
     args = parser.parse_args()
+    if args.security:
+        print_security()
+        return
     ours = measure("ours")
     theirs = measure("torch") if HAVE_TORCH and not args.no_torch else {}
     loop = "uvloop" if _loop_options()["use_uvloop"] else "asyncio"
@@ -434,6 +523,20 @@ def main() -> None:
     for name, value in ours.items():
         unit = next(u for prefix, u in UNITS.items() if name.startswith(prefix))
         print(Row(name, unit, value, theirs.get(name)).render())
+    print()
+    print_security()
+
+
+def print_security() -> None:
+    with throwaway_certificates() as have_trustme:
+        if not have_trustme:
+            print("security rows skipped: install trustme to make throwaway certificates")
+            return
+        rows = measure_security()
+    print("The cost of security: aioelastic plain vs with a token or TLS (ratio secured/plain)")
+    print(f"{'workload':<34} {'unit':<7} {'plain':>12} {'secured':>12} {'ratio':>7}")
+    for name, unit, plain, secured in rows:
+        print(f"{name:<34} {unit:<7} {plain:>12,.2f} {secured:>12,.2f} {secured / plain:>7.2f}")
 
 
 if __name__ == "__main__":
