@@ -1,7 +1,9 @@
 """The async key-value store: one contract, several backends.
 
 ``MemoryStore`` is the in-process default (and the TCP server's core); ``PrefixStore`` is a
-namespaced view of any store; ``TCPStoreServer`` and ``TCPStore`` share a store across hosts.
+namespaced view of any store; ``TCPStoreServer`` and ``TCPStore`` share a store across hosts
+(the server also speaks torch's ``TCPStore`` protocol on the same port); ``TorchStoreListener``
+serves torch's protocol over any store.
 ``EtcdStore`` keeps it in an etcd v3 cluster (extra ``aioelastic[etcd]``; imported on first use,
 so importing this package never loads gRPC).
 """
@@ -23,6 +25,8 @@ from aioelastic.store._memory import MemoryStore, MemoryStoreStatistics
 from aioelastic.store._prefix import PrefixStore
 from aioelastic.store._tcp_client import TCPStore
 from aioelastic.store._tcp_server import TCPStoreServer, TCPStoreServerStatistics
+from aioelastic.store._torch_listener import TorchStoreListener
+from aioelastic.store._torch_session import TorchServiceStatistics
 
 if TYPE_CHECKING:
     from aioelastic.store._etcd import (
@@ -78,5 +82,7 @@ __all__ = [
     "TCPStore",
     "TCPStoreServer",
     "TCPStoreServerStatistics",
+    "TorchServiceStatistics",
+    "TorchStoreListener",
     "Value",
 ]

@@ -25,9 +25,9 @@ import logging
 import math
 import secrets
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -57,6 +57,8 @@ from aioelastic.store._tcp_codec import (
     encode_reply,
 )
 from aioelastic.store._tls import TLS_FAILURES, tls_failure, wrap_server_stream
+from aioelastic.store._torch_codec import looks_like_torch
+from aioelastic.store._torch_session import TorchService, TorchSession
 
 log = logging.getLogger("aioelastic.store.tcp")
 
@@ -85,6 +87,8 @@ class TCPStoreServerStatistics:
     """Connections closed because of what they sent."""
     refused_connections: int
     """Connections refused at the handshake (token or version)."""
+    torch_connections_total: int = 0
+    """Connections that spoke torch's ``TCPStore`` protocol (counted in the others too)."""
 
 
 def _bound_port(listener: asyncio.AbstractServer, endpoint: str) -> int:
@@ -130,6 +134,10 @@ class TCPStoreServer(Service):
     ``require_auth=True`` makes that a ``ValueError`` instead. ``clock`` drives TTLs and
     timeouts (tests pass a manual clock). Use ``async with server:`` or
     ``await tg.start(server.serve)``.
+
+    The same port also serves torch's ``TCPStore`` clients (told apart by their first byte),
+    in the same keyspace. A torch client can send neither a token nor TLS, so a server with
+    either refuses them unless ``torch_clients=True`` lets them in anyway (not through TLS).
     """
 
     def __init__(
@@ -143,11 +151,14 @@ class TCPStoreServer(Service):
         handshake_timeout: float = 10.0,
         require_auth: bool = False,
         ssl: ssl.SSLContext | None = None,
+        torch_clients: bool | None = None,
     ) -> None:
         self.host = host
         self.ssl = ssl
         self.requested_port = port
         self.store = MemoryStore(clock=clock)
+        self.torch = TorchService(self.store, max_value_size=max_frame_size)
+        self.torch_clients = (token is None and ssl is None) if torch_clients is None else torch_clients
         self.max_frame_size = max_frame_size
         self.handshake_timeout = handshake_timeout
         self.epoch = secrets.randbits(63)
@@ -188,14 +199,16 @@ class TCPStoreServer(Service):
 
     def statistics(self) -> TCPStoreServerStatistics:
         """Return a snapshot of the connection and request counters."""
+        torch = self.torch.statistics()
         return TCPStoreServerStatistics(
             connections=self._connections,
             connections_total=self._connections_total,
-            requests=self._requests,
-            waiting_requests=self._waiting,
+            requests=self._requests + torch.requests,
+            waiting_requests=self._waiting + torch.waiting_requests,
             bad_requests=self._bad_requests,
-            dropped_connections=self._dropped,
+            dropped_connections=self._dropped + torch.dropped_connections,
             refused_connections=self._refused,
+            torch_connections_total=torch.connections_total,
         )
 
     async def serve(
@@ -264,7 +277,7 @@ class TCPStoreServer(Service):
             address = stream.extra(SocketAttribute.remote_address)
         except anyio.TypedAttributeLookupError:
             address = None
-        session = _Session(self, _peer_name(address), send)
+        session = _Session(self, _peer_name(address), send, lambda: self._spawn(channel.aclose))
         try:
             async with stream:
                 with anyio.move_on_after(self.handshake_timeout):
@@ -288,6 +301,11 @@ class TCPStoreServer(Service):
             log.debug("store client %s: connection error: %s", session.peer, error)
         finally:
             session.close()
+
+    def _spawn(self, function: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``function`` in the server's task group (it is cancelled when the server stops)."""
+        if self._waits is not None:
+            self._waits.start_soon(function)
 
     @staticmethod
     async def _exchange(
@@ -338,7 +356,10 @@ class _AsyncioConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.connections.add(self)
         self.session = _Session(
-            self.server, _peer_name(transport.get_extra_info("peername")), self.send
+            self.server,
+            _peer_name(transport.get_extra_info("peername")),
+            self.send,
+            self.transport.close,
         )
         self.timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
             self.server.handshake_timeout, self._handshake_expired
@@ -387,7 +408,11 @@ class _Session:
     """
 
     def __init__(
-        self, server: TCPStoreServer, peer: str, send: Callable[[bytes], Awaitable[None]]
+        self,
+        server: TCPStoreServer,
+        peer: str,
+        send: Callable[[bytes], Awaitable[None]],
+        hangup: Callable[[], object],
     ) -> None:
         server._connections += 1
         server._connections_total += 1
@@ -402,6 +427,8 @@ class _Session:
         self.client_nonce = self.server_nonce = b""
         self.waits: dict[int, anyio.CancelScope] = {}
         self.reported = False
+        self.hangup = hangup
+        self.torch: TorchSession | None = None
         self.handlers: dict[Op, Callable[[Request], bytes | None]] = {
             Op.SET: self._set,
             Op.GET: self._get,
@@ -446,6 +473,8 @@ class _Session:
         self.server._connections -= 1
         for scope in self.waits.values():
             scope.cancel()
+        if self.torch is not None:
+            self.torch.close()
 
     def expire_handshake(self) -> None:
         self.server._dropped += 1
@@ -472,10 +501,30 @@ class _Session:
         """Take received bytes; return the replies to send now (maybe empty)."""
         if self.closing or self.phase is _Phase.CLOSED:
             return b""
+        if self.torch is not None:
+            self.torch.receive(data)
+            return b""
+        if self.phase is _Phase.PREAMBLE and not self.pending and looks_like_torch(data):
+            return self._speak_torch(data)
         if self.phase is not _Phase.OPEN:
             handshake, data = self._handshake(data)
             return handshake + self._requests(data) if data else handshake
         return self._requests(data)
+
+    def _speak_torch(self, data: bytes) -> bytes:
+        """The client is torch's: hand the connection to a torch session (or refuse it)."""
+        server = self.server
+        if not server.torch_clients:
+            self._refuse(
+                "a torch TCPStore client, which cannot send this server's token; serve torch "
+                "clients on a server without a token, or through the agent's loopback listener"
+            )
+            return b""
+        self.torch = server.torch.session(self.peer, send=self.send, hangup=self.hangup)
+        self.phase = _Phase.OPEN
+        server._spawn(self.torch.serve)
+        self.torch.receive(data)
+        return b""
 
     def _handshake(self, data: bytes) -> tuple[bytes, bytes]:
         """Answer the handshake frames in ``data``; return the replies and the bytes after it.

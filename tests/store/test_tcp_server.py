@@ -27,6 +27,8 @@ from aioelastic.store._tcp_codec import (
     encode_preamble,
     encode_request,
 )
+from aioelastic.store._torch_codec import TorchOp, TorchRequest
+from aioelastic.store._torch_codec import encode_request as encode_torch
 from aioelastic.testing import ManualClock
 from tests.store.conftest import Parked
 
@@ -332,3 +334,23 @@ async def test_reply_over_the_client_frame_limit_fails_only_that_call() -> None:
             await store.get("big")
         await store.set("small", b"1")
         assert await store.get("small") == b"1"
+
+
+async def test_torch_protocol_is_served_on_the_same_port(tcp_server: TCPStoreServer) -> None:
+    """A connection opening with torch's VALIDATE speaks torch's protocol, on every loop."""
+    requests = [
+        TorchRequest(TorchOp.VALIDATE, (0x3C85F7CE,)),
+        TorchRequest(TorchOp.PING, (7,)),
+        TorchRequest(TorchOp.SET, ("/k", b"v")),
+        TorchRequest(TorchOp.GET, ("/k",)),
+    ]
+    async with await anyio.connect_tcp("127.0.0.1", tcp_server.port) as raw:
+        await raw.send(b"".join(encode_torch(request) for request in requests))
+        expected = struct.pack("<I", 7) + struct.pack("<Q", 1) + b"v"
+        received = b""
+        with anyio.fail_after(10):
+            while len(received) < len(expected):
+                received += await raw.receive()
+    assert expected == received
+    assert await tcp_server.store.get("k") == b"v"
+    assert tcp_server.statistics().torch_connections_total == 1
