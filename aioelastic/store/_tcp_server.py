@@ -158,7 +158,9 @@ class TCPStoreServer(Service):
         self.requested_port = port
         self.store = MemoryStore(clock=clock)
         self.torch = TorchService(self.store, max_value_size=max_frame_size)
-        self.torch_clients = (token is None and ssl is None) if torch_clients is None else torch_clients
+        self.torch_clients = (
+            (token is None and ssl is None) if torch_clients is None else torch_clients
+        )
         self.max_frame_size = max_frame_size
         self.handshake_timeout = handshake_timeout
         self.epoch = secrets.randbits(63)
