@@ -15,11 +15,13 @@ import logging
 import math
 import os
 import signal
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from aioelastic.agent._devices import NUMA_MODES
 from aioelastic.agent._launch import PROG, FlagError, config_from_args, launch, one_line_error
 
 if TYPE_CHECKING:
@@ -123,6 +125,25 @@ def parse_ranks(text: str) -> frozenset[int] | None:
         ) from None
 
 
+def parse_filters(text: str) -> list[str]:
+    """torchrun's filter list: comma-separated strings, ``,,`` standing for a comma."""
+    placeholder = "\0"
+    items = text.replace(",,", placeholder).split(",")
+    return [item.replace(placeholder, ",") for item in items if item]
+
+
+def _one_of(*names: str) -> Callable[[str], str]:
+    """A parser accepting exactly ``names`` (checks ``PET_*`` values too, unlike choices=)."""
+
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(names)}, got {text!r}")
+        return text
+
+    parse.__name__ = "choice"
+    return parse
+
+
 def parse_signals(text: str) -> tuple[signal.Signals, ...]:
     """Comma-separated signal names (``SIGTERM`` or ``TERM``)."""
     found = []
@@ -170,12 +191,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.error = one_line_error  # type: ignore[method-assign]  # one line, no usage dump
     add = parser.add_argument
 
+    pet_names: list[str] = []  # the PET_* variables the flags read
+
     def option(*names: str, default: Any, **kwargs: Any) -> None:
         dest, spellings = _spellings(names)
+        pet_names.append(f"PET_{dest.upper()}")
         add(*spellings, dest=dest, default=_env_default(dest, default), **kwargs)
 
     def flag(*names: str, help: str) -> None:
         dest, spellings = _spellings(names)
+        pet_names.append(f"PET_{dest.upper()}")
         add(*spellings, dest=dest, action="store_true", default=_flag_default(dest), help=help)
 
     option("--nnodes", default="1:1", type=parse_nnodes, help="N or MIN:MAX nodes")
@@ -293,14 +318,55 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_positive_seconds,
         help="seconds a new generation may take to form before a full restart",
     )
+    # torchrun 2.13's newer flags
+    option(
+        "--event-log-handler",
+        default="null",
+        type=_one_of("null", "console", "dynamic_rendezvous"),
+        help="torch's event log handler names: console prints every event as a JSON line on "
+        "stderr; null and dynamic_rendezvous print none (see --events-file)",
+    )
+    option(
+        "--logs-specs",
+        default=None,
+        help="a torchrun.logs_specs entry point (torch LogsSpecs classes are refused with why)",
+    )
+    option(
+        "--numa-binding",
+        default=None,
+        type=_one_of(*NUMA_MODES),
+        help="bind each worker to the CPUs near its GPU (node, socket, exclusive, core-complex; "
+        "needs a CUDA device per worker and numactl)",
+    )
+    flag(
+        "--virtual-local-rank",
+        help="LOCAL_RANK=0 for every worker, each seeing only its own GPU as device 0 "
+        "(CUDA_VISIBLE_DEVICES)",
+    )
+    for stream in ("stdout", "stderr"):
+        option(
+            f"--duplicate-{stream}-filters",
+            default="",
+            type=parse_filters,
+            help=f"copy tee'd {stream} lines containing any of these comma-separated strings "
+            f"(,, for a comma) to filtered_{stream}.log in the attempt's log directory",
+        )
     add("training_script", metavar="TRAINING_SCRIPT", help="the worker program")
     add("training_script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=run_command, pet_names=frozenset(pet_names))
     return parser
+
+
+def unknown_pet_variables(environ: Mapping[str, str], known: frozenset[str]) -> list[str]:
+    """The ``PET_*`` variables of ``environ`` that no flag reads, sorted."""
+    return sorted(name for name in environ if name.startswith("PET_") and name not in known)
 
 
 def run_command(args: argparse.Namespace) -> int:
     """The ``aioelastic run`` handler: parse, launch on asyncio (uvloop when installed)."""
+    for name in unknown_pet_variables(os.environ, args.pet_names):
+        flag_name = "--" + name[4:].lower().replace("_", "-")
+        print(f"{PROG}: warning: {name} is ignored: {flag_name} is not a flag", file=sys.stderr)
     try:
         config = config_from_args(args)
     except FlagError as exc:

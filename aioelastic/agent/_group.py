@@ -26,6 +26,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from aioelastic.agent._devices import numa_bound_argv, virtual_local_rank_env
 from aioelastic.agent._env import RoundInfo, WorkerRanks, worker_env
 from aioelastic.agent._events import (
     AgentEvent,
@@ -37,6 +38,7 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._guardian import Guardian
 from aioelastic.agent._logs import (
+    FilteredCopy,
     SharedConsole,
     StreamPump,
     line_prefix,
@@ -144,6 +146,7 @@ class WorkerGroup:
         self.stop_started = math.inf
         self._failures: tuple[WorkerFailure, ...] = ()
         self._pump_scopes: list[anyio.CancelScope] = []
+        self._copies: tuple[FilteredCopy | None, FilteredCopy | None] | None = None
         self.reported: set[int] = set()
         """Pids whose failure was already reported while the group ran (in-place recovery)."""
         self._notices, self._receive = anyio.create_memory_object_stream[_Exited | WorkerReaped](
@@ -205,6 +208,9 @@ class WorkerGroup:
                         drained_by = anyio.current_time() + PUMP_DRAIN_TIMEOUT
                         for scope in self._pump_scopes:
                             scope.deadline = min(scope.deadline, drained_by)
+        for copy in self._copies or ():
+            if copy is not None:
+                copy.close()
         return outcome, detail
 
     def failures(self) -> tuple[WorkerFailure, ...]:
@@ -285,15 +291,26 @@ class WorkerGroup:
             os.environ, spec, info, ranks, error_file=str(error_file), timer_file=self._timer_file
         )
         env.update(extra_env or {})
+        argv = spec.argv
+        if spec.virtual_local_rank:
+            cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            env.update(virtual_local_rank_env(ranks.local_rank, cuda_visible))
+        if spec.numa_binding is not None:
+            argv = numa_bound_argv(argv, ranks.local_rank, spec.numa_binding)
         prefix = line_prefix(
             spec.logs.line_prefix, rank=ranks.rank, local_rank=ranks.local_rank, role_name=spec.role
         )
         out_plan, err_plan = plan_streams(spec.logs, ranks.local_rank, self._attempt_dir)
-        out = open_stream(out_plan, prefix=prefix, console=self._consoles.stdout)
-        err = open_stream(err_plan, prefix=prefix, console=self._consoles.stderr)
+        out_copy, err_copy = self._filtered_copies()
+        out = open_stream(
+            out_plan, prefix=prefix, console=self._consoles.stdout, duplicate=out_copy
+        )
+        err = open_stream(
+            err_plan, prefix=prefix, console=self._consoles.stderr, duplicate=err_copy
+        )
         try:
             process = WorkerProcess.spawn(
-                spec.argv,
+                argv,
                 env,
                 stdin=None if spec.logs.inherit_console else subprocess.DEVNULL,
                 stdout=out.child_end,
@@ -312,6 +329,21 @@ class WorkerGroup:
                 self._pump_scopes.append(scope)
                 pumps.start_soon(self._relay, stream.pump, scope)
         return _Worker(ranks, process, str(error_file))
+
+    def _filtered_copies(self) -> tuple[FilteredCopy | None, FilteredCopy | None]:
+        """This attempt's ``filtered_stdout.log``/``filtered_stderr.log``, opened once."""
+        if self._copies is None:
+            logs, where = self.spec.logs, self._attempt_dir
+
+            def copy(name: str, needles: tuple[str, ...]) -> FilteredCopy | None:
+                return FilteredCopy(where / name, needles) if needles and where else None
+
+            self._copies = (
+                copy("filtered_stdout.log", logs.duplicate_stdout_filters),
+                copy("filtered_stderr.log", logs.duplicate_stderr_filters),
+            )
+        assert self._copies is not None
+        return self._copies
 
     @staticmethod
     async def _relay(pump: StreamPump, scope: anyio.CancelScope) -> None:

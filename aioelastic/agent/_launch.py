@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from aioelastic.agent._guardian import Guardian
     from aioelastic.agent._report import WorkerFailure
     from aioelastic.agent._spec import LogSpec
+    from aioelastic.events import EventRecord
 
 PROG = "aioelastic run"
 
@@ -70,6 +71,9 @@ class LaunchConfig:
     recovery: str = "restart"
     spares: int = 0
     recovery_timeout: float = 60.0
+    virtual_local_rank: bool = False
+    numa_binding: str | None = None
+    event_log_handler: str = "null"
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -101,8 +105,29 @@ def resolve_nproc(value: int | str) -> int:
     return usable_cpu_count()
 
 
+def check_logs_specs(name: str) -> None:
+    """``--logs-specs``: torchrun loads a ``LogsSpecs`` class from the ``torchrun.logs_specs``
+    entry points; such a class lays out torch's own process context, which we do not run."""
+    from aioelastic._entry_points import find_entry_point
+
+    found = find_entry_point("torchrun.logs_specs", name)
+    if found is None:
+        raise FlagError(
+            f"--logs-specs {name!r}: no entry point of that name in torchrun.logs_specs"
+        )
+    raise FlagError(
+        f"--logs-specs {name!r} ({found.value}): a torch LogsSpecs class cannot lay out "
+        "aioelastic's workers; use -r/-t/--log-dir/--local-ranks-filter instead"
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Check the flags together and build the launch; raise :class:`FlagError`."""
+    from aioelastic.agent._devices import (
+        DeviceSettingError,
+        check_numa_binding,
+        check_virtual_local_rank,
+    )
     from aioelastic.agent._spec import DEFAULT_LINE_PREFIX, LogSpec
 
     if args.module and args.no_python:
@@ -144,11 +169,23 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         local_ranks_filter=args.local_ranks_filter,
         line_prefix=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", DEFAULT_LINE_PREFIX),
         inherit_console=True,  # torchrun's: a terminal stays the workers' own
+        duplicate_stdout_filters=tuple(args.duplicate_stdout_filters),
+        duplicate_stderr_filters=tuple(args.duplicate_stderr_filters),
     )
+    if args.logs_specs is not None:
+        check_logs_specs(args.logs_specs)
+    nproc = resolve_nproc(args.nproc_per_node)
+    try:
+        if args.virtual_local_rank:
+            check_virtual_local_rank(nproc, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if args.numa_binding is not None:
+            check_numa_binding(args.numa_binding, nproc)
+    except DeviceSettingError as exc:
+        raise FlagError(str(exc)) from None
     return LaunchConfig(
         min_nodes=min_nodes,
         max_nodes=max_nodes,
-        nproc_per_node=resolve_nproc(args.nproc_per_node),
+        nproc_per_node=nproc,
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         run_id=run_id,
@@ -168,6 +205,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         recovery=args.recovery,
         spares=args.spares,
         recovery_timeout=args.recovery_timeout,
+        virtual_local_rank=args.virtual_local_rank,
+        numa_binding=args.numa_binding,
+        event_log_handler=args.event_log_handler,
     )
 
 
@@ -257,6 +297,14 @@ def describe(event: AgentEvent) -> str | None:
             extra = f": {result.reason}" if result.reason else ""
             return f"run {result.state.value}{extra}"
     return None
+
+
+def print_event_line(record: EventRecord) -> None:
+    """``--event-log-handler console``: every event as a JSON line on stderr."""
+    from aioelastic.events import encode_record
+
+    with suppress(OSError):
+        print(encode_record(record), file=sys.stderr, flush=True)
 
 
 class RootCauseRecorder:
@@ -397,6 +445,8 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         recovery=config.recovery,
                         spares=config.spares,
                         recovery_timeout=config.recovery_timeout,
+                        virtual_local_rank=config.virtual_local_rank,
+                        numa_binding=config.numa_binding,
                     )
                     router.agent = ElasticAgent(
                         spec,
@@ -405,6 +455,8 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         guardian=guardian,
                     )
                     events.attach(router.agent, "agent")
+                    if config.event_log_handler == "console":  # torch's: a StreamHandler
+                        events.subscribe(print_event_line)
                     if recorder is not None:
                         router.agent.subscribe(recorder)
                     result = await router.agent.run()

@@ -15,7 +15,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -118,6 +118,25 @@ class SharedConsole:
         self._write(data)
 
 
+class FilteredCopy:
+    """One attempt's copy of the tee'd lines (every rank's, prefixed) that contain any of
+    ``needles``: torchrun's ``--duplicate-stdout-filters``/``--duplicate-stderr-filters``."""
+
+    def __init__(self, path: Path, needles: Sequence[str]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("ab")
+        self._needles = [needle.encode() for needle in needles if needle]
+
+    def add_line(self, prefix: bytes, line: bytes) -> None:
+        """Keep ``line`` (without its newline) if it matches a filter."""
+        if any(needle in line for needle in self._needles):
+            self._file.write(prefix + line + b"\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class StreamPump:
     """Copies one worker stream from a pipe to the console (prefixed, as it comes) and a file."""
 
@@ -128,8 +147,11 @@ class StreamPump:
         prefix: bytes,
         console: SharedConsole | None,
         file: IO[bytes] | None,
+        duplicate: FilteredCopy | None = None,
     ) -> None:
         os.set_blocking(read_fd, False)
+        self._duplicate = duplicate
+        self._unmatched = b""  # the line the filtered copy has not seen the end of
         self._fd = read_fd
         self._prefix = prefix
         self._console = console
@@ -151,6 +173,8 @@ class StreamPump:
         finally:
             if not self._at_line_start:  # end the last line: what follows starts afresh
                 self._emit(b"\n")
+            if self._duplicate is not None and self._unmatched:
+                self._duplicate.add_line(self._prefix, self._unmatched)
             os.close(self._fd)
             if self._file is not None:
                 self._file.close()
@@ -159,6 +183,10 @@ class StreamPump:
         if self._file is not None:
             self._file.write(chunk)
             self._file.flush()
+        if self._duplicate is not None:
+            *lines, self._unmatched = (self._unmatched + chunk).split(b"\n")
+            for line in lines:
+                self._duplicate.add_line(self._prefix, line)
         if self._console is None:
             return
         shown, self._at_line_start = prefix_lines(chunk, self._prefix, self._at_line_start)
@@ -193,8 +221,16 @@ class OpenedStream:
             self.child_end.close()
 
 
-def open_stream(plan: StreamPlan, *, prefix: bytes, console: SharedConsole) -> OpenedStream:
-    """Create what a worker stream needs: an inherited fd, a file, a pipe with a pump, or null."""
+def open_stream(
+    plan: StreamPlan,
+    *,
+    prefix: bytes,
+    console: SharedConsole,
+    duplicate: FilteredCopy | None = None,
+) -> OpenedStream:
+    """Create what a worker stream needs: an inherited fd, a file, a pipe with a pump, or null.
+
+    ``duplicate`` gets the matching lines of a tee'd stream (console and file)."""
     file: IO[bytes] | None = None
     if plan.file is not None:
         plan.file.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +240,9 @@ def open_stream(plan: StreamPlan, *, prefix: bytes, console: SharedConsole) -> O
     if plan.inherit:
         return OpenedStream(None, None)
     read_fd, write_fd = os.pipe()
-    return OpenedStream(write_fd, StreamPump(read_fd, prefix=prefix, console=console, file=file))
+    tee_copy = duplicate if file is not None else None
+    pump = StreamPump(read_fd, prefix=prefix, console=console, file=file, duplicate=tee_copy)
+    return OpenedStream(write_fd, pump)
 
 
 def console_writer(stream: IO[bytes]) -> SharedConsole:

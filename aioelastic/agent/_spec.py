@@ -82,6 +82,10 @@ class LogSpec:
     local_ranks_filter: frozenset[int] | None = None
     line_prefix: str = DEFAULT_LINE_PREFIX
     inherit_console: bool = False
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    """Tee'd stdout lines containing any of these also go to ``filtered_stdout.log``."""
+    duplicate_stderr_filters: tuple[str, ...] = ()
+    """The same for stderr (``filtered_stderr.log``)."""
 
     def wants_files(self, local_world_size: int) -> bool:
         """Return whether any local rank sends a stream to a file."""
@@ -139,6 +143,10 @@ class WorkerSpec:
     shutdown_timeout: float = 30.0
     exit_barrier_timeout: float = 300.0
     logs: LogSpec = field(default_factory=LogSpec)
+    virtual_local_rank: bool = False
+    """Each worker sees ``LOCAL_RANK=0`` and only its own GPU (torchrun's flag of that name)."""
+    numa_binding: str | None = None
+    """Bind each worker to the CPUs near its GPU: node, socket, exclusive or core-complex."""
     forensics: ForensicsSpec = field(default_factory=ForensicsSpec)
     recovery: str = "restart"
     spares: int = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 import signal
@@ -258,3 +259,64 @@ async def test_redirects_without_a_log_dir_go_to_a_temporary_directory_named_on_
             assert f"done rank={rank} attempt=0" in log.read_text()
     finally:
         shutil.rmtree(run_dir.parent)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--numa-binding", "node"],
+            "--numa-binding node binds each worker to the CPUs near its GPU",
+        ),
+        (["--logs-specs", "nosuch"], "--logs-specs 'nosuch': no entry point of that name"),
+        (["--event-log-handler", "scuba"], "expected one of null, console, dynamic_rendezvous"),
+    ],
+    ids=["numa-without-gpu", "unknown-logs-specs", "unknown-event-handler"],
+)
+async def test_torch_2_13_flags_that_cannot_apply_fail_in_one_line(
+    argv: list[str], expected: str
+) -> None:
+    """A torch 2.13 flag that cannot apply here is refused in one line naming it (status 2)."""
+    if argv[0] == "--numa-binding" and torch_has_cuda():
+        pytest.skip("this machine has CUDA devices")
+    with anyio.fail_after(BOUND):
+        async with launched("--standalone", *argv, WORKER) as run:
+            status = await run.wait()
+    assert status == 2, run
+    assert run.err.text.count("\n") == 1, run
+    assert expected in run.err.text
+
+
+def torch_has_cuda() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+async def test_event_log_handler_console_prints_every_event_as_json() -> None:
+    """--event-log-handler console: the agent's events appear as JSON lines on stderr."""
+    argv = ["--standalone", "--nproc-per-node", "2", "--event-log-handler", "console", WORKER]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv) as run:
+            status = await run.wait()
+    assert status == 0, run
+    kinds = [json.loads(line)["kind"] for line in run.err.text.splitlines() if line.startswith("{")]
+    assert kinds.count("WorkerSucceeded") == 2
+    assert "RunFinished" in kinds
+
+
+async def test_an_unknown_pet_variable_warns_and_a_known_one_applies(tmp_path: Path) -> None:
+    """PET_<FLAG> sets a flag (here --virtual-local-rank); a PET_* naming no flag is warned."""
+    env = {"PET_VIRTUAL_LOCAL_RANK": "1", "PET_NPROC_PER_NODES": "2"}
+    argv = ["--standalone", WORKER, "--out", str(tmp_path)]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, env=env) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert (
+        "warning: PET_NPROC_PER_NODES is ignored: --nproc-per-nodes is not a flag" in run.err.text
+    )
+    [record] = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]  # noqa: ASYNC240
+    assert record["CUDA_VISIBLE_DEVICES"] == "0"

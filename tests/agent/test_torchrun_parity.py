@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
@@ -162,3 +163,48 @@ async def test_nproc_cpu_respects_the_cpu_affinity(launcher: Sequence[str] | Non
             status = await run.wait()
     assert status == 0, run
     assert run.out.text.count("done rank=") == 1, run
+
+
+def lines_of(path: str) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+def recorded_envs(out: Path) -> list[dict[str, str]]:
+    """The environments the scenario worker recorded, in rank order."""
+    records = [json.loads(path.read_text()) for path in out.glob("*.json")]
+    return sorted(records, key=lambda env: int(env["RANK"]))
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_virtual_local_rank_gives_each_worker_device_0_of_its_own(
+    launcher: Sequence[str] | None, tmp_path: Path
+) -> None:
+    """--virtual-local-rank: LOCAL_RANK=0, CUDA_VISIBLE_DEVICES picked from the agent's list."""
+    argv = ["--standalone", "--nproc-per-node", "2", "--virtual-local-rank"]
+    env = {"CUDA_VISIBLE_DEVICES": "3,5"}
+    with anyio.fail_after(BOUND):
+        async with launched(
+            *argv, WORKER, "--out", str(tmp_path), launcher=launcher, env=env
+        ) as run:
+            status = await run.wait()
+    assert status == 0, run
+    seen = [
+        (e["RANK"], e["LOCAL_RANK"], e["CUDA_VISIBLE_DEVICES"]) for e in recorded_envs(tmp_path)
+    ]
+    assert seen == [("0", "0", "3"), ("1", "0", "5")]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_duplicate_filters_copy_matching_tee_lines_of_every_rank(
+    launcher: Sequence[str] | None, tmp_path: Path
+) -> None:
+    """--duplicate-stdout-filters: tee'd lines with a filter string land in filtered_stdout.log."""
+    argv = ["--standalone", "--nproc-per-node", "2", "-t", "1", "--log-dir", str(tmp_path)]
+    argv += ["--duplicate-stdout-filters", "rank=1 attempt,done,,rank=0"]  # ",," is a comma
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, WORKER, launcher=launcher) as run:
+            status = await run.wait()
+    assert status == 0, run
+    [copy] = glob.glob(str(tmp_path / "*" / "attempt_0" / "filtered_stdout.log"))
+    kept = [line.split(":", 1)[1].strip() for line in lines_of(copy)]
+    assert kept == ["done rank=1 attempt=0 nodes=1"]
