@@ -27,11 +27,13 @@ from aioelastic.store._peers import OncePerPeer
 from aioelastic.store._tcp_codec import (
     FrameReader,
     Op,
+    Reply,
     Status,
     decode_reply,
     encode_preamble,
     encode_request,
 )
+from aioelastic.store._tcp_server import _Session
 from tests.rendezvous.test_backends import join_all, unused_port
 
 pytestmark = pytest.mark.anyio
@@ -324,3 +326,56 @@ def test_once_per_peer_forgets_the_oldest_host_past_its_limit() -> None:
     ]
     assert len(seen) == 2
     assert seen.first("10.0.0.1:9")  # forgotten, so warned about again
+
+
+# -- the server's handshake core, byte by byte --------------------------------------------
+
+
+def feed(session: _Session, data: bytes, cuts: list[int]) -> list[Reply]:
+    """Feed ``data`` to ``session`` cut at ``cuts``; return the decoded replies."""
+    reader, replies, start = FrameReader(), [], 0
+    for end in [*sorted(c % (len(data) + 1) for c in cuts), len(data)]:
+        replies += [decode_reply(b) for b in reader.feed(session.receive(data[start:end]))]
+        start = max(start, end)
+    return replies
+
+
+@given(
+    client_nonce=nonces, cuts=st.lists(st.integers(0, 200), max_size=6), flip=st.integers(-1, 31)
+)
+def test_the_handshake_admits_exactly_the_right_proof_however_the_bytes_arrive(
+    client_nonce: bytes, cuts: list[int], flip: int
+) -> None:
+    """Split anywhere, the right proof gets WELCOME and the server's own proof; any other bit
+    pattern (``flip`` >= 0 flips one byte of it) gets REFUSED."""
+    server = TCPStoreServer(token=TOKEN)
+    session = _Session(server, "198.18.0.3:4000", send=None)  # type: ignore[arg-type]
+    hello = encode_preamble() + encode_request(Op.HELLO, 0, client_nonce)
+    [challenge] = feed(session, hello, cuts)
+    assert challenge.status is Status.CHALLENGE
+    (server_nonce,) = challenge.fields
+    assert isinstance(server_nonce, bytes)
+    offered = bytearray(proof(TOKEN, "client", client_nonce, server_nonce))
+    if flip >= 0:
+        offered[flip] ^= 0xFF
+    [answer] = feed(session, encode_request(Op.AUTH, 0, bytes(offered)), cuts)
+    if flip >= 0:
+        assert answer.status is Status.REFUSED
+        assert server.statistics().refused_connections == 1
+        return
+    assert answer.status is Status.WELCOME
+    server_proof = answer.fields[2]
+    assert isinstance(server_proof, bytes)
+    assert check_proof(TOKEN, "server", client_nonce, server_nonce, server_proof)
+
+
+async def test_status_reads_a_token_protected_store_with_the_token_file(token_file: Path) -> None:
+    """`aioelastic status --rdzv-conf token_file=...` reads the run; without it, it is refused."""
+    from aioelastic._cli_status import fetch_status
+
+    async with TCPStoreServer(token=TOKEN) as server:
+        endpoint = f"127.0.0.1:{server.port}"
+        status = await fetch_status("c10d", endpoint, "job", {"token_file": str(token_file)}, 10)
+        assert (status.round, status.closed) == (0, False)
+        with pytest.raises(RendezvousConnectionError, match="requires a token"):
+            await fetch_status("c10d", endpoint, "job", {}, 10)
