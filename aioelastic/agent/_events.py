@@ -173,6 +173,17 @@ class RecoveryFellBack:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerEvicted:
+    """In-place recovery killed a worker that hung while most of its world's collectives failed
+    (it is replaced like any failed worker)."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SpareStarted:
     """A warm spare was started; it waits in ``worker.worlds()`` for a place."""
 
@@ -202,6 +213,7 @@ AgentEvent = (
     | GenerationAssigned
     | GenerationFormed
     | RecoveryFellBack
+    | WorkerEvicted
     | SpareStarted
     | RunFinished
     | LogDirectoryCreated

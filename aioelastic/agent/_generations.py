@@ -29,6 +29,8 @@ ended, stop a worker, report.
 * **Membership.** A lost node (its agent died, or the rendezvous lost it) removes its workers
   and makes a smaller generation. A joining node's workers are started and join the *next*
   generation once all of them are ready; the running generation is not disturbed meanwhile.
+* **A storm.** More than ``max_failures`` member failures in one attempt fall back too, so a
+  failure that every fresh rank meets again ends in the restart budget, not in a loop.
 * **The end.** Every member of the running generation exiting 0 finishes the job (spares are
   stopped). A member exiting 0 while another fails, or while a generation forms, falls back.
 
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 GENERATION_PREFIX = "aioelastic/agent/generation/"
@@ -306,6 +308,11 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
 }
 
 
+MAX_FAILURES = 10
+"""Member failures one machine (one attempt) replaces in place before it falls back to a
+restart: a failure that repeats (a bug every fresh rank meets) must end in the restart budget,
+not loop forever."""
+
 _MIXED = (
     "some workers asked for a world (aioelastic.worker) and others exited without asking: "
     "with --recovery in-place, every worker of the job uses aioelastic.worker or none does"
@@ -351,7 +358,12 @@ class GenerationMachine:
     """The generations of one job's world (see the module docstring)."""
 
     def __init__(
-        self, nodes: Mapping[int, NodeSpec], *, recovery_timeout: float, first_generation: int = 1
+        self,
+        nodes: Mapping[int, NodeSpec],
+        *,
+        recovery_timeout: float,
+        first_generation: int = 1,
+        max_failures: int = MAX_FAILURES,
     ) -> None:
         if not nodes:
             raise ValueError("a job's world needs at least one node")
@@ -361,6 +373,9 @@ class GenerationMachine:
             raise ValueError(f"generations count from 1, got {first_generation!r}")
         self.recovery_timeout = recovery_timeout
         self.first_generation = first_generation
+        self.max_failures = max_failures
+        self.failures = 0
+        """Member failures replaced in place so far."""
         self.phase = Phase.WAITING
         self.generation: Generation | None = None
         self._nodes = {node: _Node(spec) for node, spec in sorted(nodes.items())}
@@ -535,6 +550,12 @@ class GenerationMachine:
         if self._finishing():
             return self._fall_back(
                 f"rank {rank} failed (status {returncode}) after other ranks had finished"
+            )
+        self.failures += 1
+        if self.failures > self.max_failures:
+            return self._fall_back(
+                f"rank {rank} failed (status {returncode}): {self.failures} failures in place "
+                f"exceed the {self.max_failures} one attempt may replace (a failure storm)"
             )
         failed_at = self._recovery.failed_at if self._recovery is not None else None
         why = f"rank {rank} (worker {worker.key}) failed (status {returncode})"
@@ -765,3 +786,13 @@ class GenerationMachine:
             f"generation {generation.number} did not form within {self.recovery_timeout:g} s: "
             + "; ".join(missing)
         )
+
+
+def suspects(
+    members: Sequence[WorkerKey], troubled: Collection[WorkerKey]
+) -> tuple[WorkerKey, ...]:
+    """Members to evict: when most of a generation's members saw their collectives fail while
+    no member died, the silent ones are the likely hung peers (on gloo nothing else gets the
+    others out). A minority in trouble is taken for its own bug: nobody is evicted."""
+    silent = tuple(key for key in members if key not in troubled)
+    return silent if silent and 2 * len(troubled) > len(members) else ()

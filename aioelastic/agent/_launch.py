@@ -286,6 +286,8 @@ def describe(event: AgentEvent) -> str | None:
             return f"generation {event.generation} formed{took}"
         case ev.RecoveryFellBack():
             return f"in-place recovery fell back to a restart: {event.reason}"
+        case ev.WorkerEvicted():
+            return f"evicted rank {event.rank} (pid {event.pid}): {event.reason}"
         case ev.SpareStarted():
             return f"started a spare worker: pid {event.pid}"
         case ev.NodeFenced():

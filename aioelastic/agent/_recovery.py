@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,6 +40,7 @@ from aioelastic.agent._events import (
     RecoveryFellBack,
     ReplacedWorker,
     SpareStarted,
+    WorkerEvicted,
     WorkerFailed,
     WorkersStarted,
     WorkerSucceeded,
@@ -127,6 +129,7 @@ class InPlaceGroup(WorkerGroup):
         self._store_dir.mkdir(exist_ok=True)
         self._tell, self._heard = anyio.create_memory_object_stream[_Notice](math.inf)
         self._reports: list[AgentEvent] = []
+        self._troubled: dict[int, set[g.WorkerKey]] = {}
         self._shown = anyio.Event()
 
     async def run(
@@ -219,6 +222,7 @@ class InPlaceGroup(WorkerGroup):
                 current = self.machine.generation
                 if current is not None and current.number == number:
                     self._verdicts[linked.key] = (number, now + VERDICT_GRACE)
+                    self._troubled.setdefault(number, set()).add(linked.key)
                 return []
             case other:
                 logger.warning("worker %s sent an agent's message %r; ignored", linked.key, other)
@@ -240,13 +244,35 @@ class InPlaceGroup(WorkerGroup):
         return self.machine.send(g.Exited(linked.key, code), now)
 
     def _give_verdicts(self, now: float) -> None:
+        """Answer the workers whose grace passed: evict the likely hung peers (their deaths
+        end the world, which answers everyone), or tell them their world is still valid."""
         current = self.machine.generation
         for key, (number, due) in list(self._verdicts.items()):
-            if due > now:
+            if due > now or key not in self._verdicts:
                 continue
             del self._verdicts[key]
-            if current is not None and current.number == number:
+            if current is None or current.number != number:
+                continue
+            alive = [k for k in current.members if self.machine.state_of(k) is g.WorkerState.MEMBER]
+            evict = g.suspects(alive, self._troubled.get(number, set()))
+            if not evict:
                 self._send(key, StillValid(number))
+                continue
+            for other in [k for k, (n, _) in self._verdicts.items() if n == number]:
+                del self._verdicts[other]
+            troubled = len(self._troubled[number])
+            for suspect in evict:
+                worker = self._linked[suspect].worker
+                reason = (
+                    f"{troubled} of {len(alive)} ranks' collectives failed in generation "
+                    f"{number} while it answered nothing: taken for hung"
+                )
+                self._emit(
+                    WorkerEvicted(
+                        worker.ranks.rank, worker.ranks.local_rank, worker.process.pid, reason
+                    )
+                )
+                worker.process.signal_group(signal.SIGKILL)
 
     # -- from the machine to the world ------------------------------------------------------------
 
@@ -261,7 +287,12 @@ class InPlaceGroup(WorkerGroup):
                 case g.Spawn():
                     self._spawn_linked(command.worker, command.slot)
                 case g.Assign():
-                    self._send(command.worker, self._world_message(command.place))
+                    place = command.place
+                    linked = self._linked[command.worker]
+                    linked.worker.ranks = WorkerRanks(  # what its events and reports say
+                        place.local_rank, place.rank, place.world_size, place.rank, place.world_size
+                    )
+                    self._send(command.worker, self._world_message(place))
                 case g.EndWorld():
                     for key in command.workers:
                         self._verdicts.pop(key, None)

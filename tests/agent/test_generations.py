@@ -16,6 +16,7 @@ from aioelastic.agent._generations import (
     Ready,
     Spawn,
     WorkerKey,
+    suspects,
 )
 from aioelastic.testing import WorldSimulation
 
@@ -289,3 +290,33 @@ def test_workers_mixing_the_api_and_plain_exits_fall_back_saying_why() -> None:
     sim.fail(plain, 0)
     assert sim.fallback is not None
     assert "every worker of the job uses aioelastic.worker or none does" in sim.fallback
+
+
+def test_a_failure_storm_falls_back_instead_of_replacing_forever() -> None:
+    """A failure every fresh worker meets: after max_failures replacements, a restart."""
+    sim = WorldSimulation({0: NodeSpec(2)})
+    sim.machine.max_failures = 3
+    sim.enter_all()
+    for _ in range(3):
+        sim.fail(sim.member(1))
+        sim.enter_all()
+    assert sim.fallback is None
+    sim.fail(sim.member(1))
+    assert sim.fallback is not None
+    assert "4 failures in place exceed the 3 one attempt may replace" in sim.fallback
+
+
+@pytest.mark.parametrize(
+    ("troubled", "evicted"),
+    [
+        ({0, 1, 3}, (2,)),  # most collectives failed; rank 2 said nothing: hung
+        ({1}, ()),  # one rank in trouble: its own bug
+        ({0, 1}, ()),  # a tie is not a majority
+        ({0, 1, 2, 3}, ()),  # everyone in trouble: nobody to blame
+    ],
+)
+def test_suspects_are_the_silent_minority(troubled: set[int], evicted: tuple[int, ...]) -> None:
+    """Only when most members saw their collectives fail are the silent ones evicted."""
+    members = [WorkerKey(0, serial) for serial in range(4)]
+    found = suspects(members, {members[i] for i in troubled})
+    assert found == tuple(members[i] for i in evicted)

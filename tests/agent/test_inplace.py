@@ -105,6 +105,26 @@ async def test_a_workers_own_exception_fails_that_worker(tmp_path: Path) -> None
 
 @pytest.mark.torch
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+async def test_a_hung_peer_is_evicted_and_the_survivors_leave_their_collective(
+    tmp_path: Path,
+) -> None:
+    """Rank 2 hangs: the others' gloo collectives time out (the world's timeout), the agent
+    evicts the silent rank, a spare takes it, the survivors go on in their processes."""
+    argv = [*IN_PLACE, "--nproc-per-node", "3", "--spares", "1", "--recovery-timeout", "8"]
+    script = [TORCH_WORKER, "--steps", "8", "--stop-at", "3", "--marker", str(tmp_path / "m")]
+    with anyio.fail_after(BOUND * 3):
+        async with launched(*argv, *script) as run:
+            status = await run.wait()
+    assert status == 0, run
+    first, second = members(run.out.text, 1), members(run.out.text, 2)
+    assert f"evicted rank 2 (pid {first[2]}): 2 of 3 ranks' collectives failed" in run.err.text
+    assert [first[r] for r in (0, 1)] == [second[r] for r in (0, 1)]
+    assert second[2] == spares_started(run.err.text)[0]
+    check_every_sum(run.out.text)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 async def test_the_in_place_example_runs() -> None:
     """examples/agent_inplace_torch.py trains to the end under in-place recovery with a spare."""
     argv = [*IN_PLACE, "--nproc-per-node", "2", "--spares", "1"]
