@@ -37,13 +37,19 @@ class RendezvousHandlerRegistry:
 
     def create_handler(self, params: RendezvousParameters) -> RendezvousHandler:
         """Create the handler of ``params.backend``."""
-        creator = self._creators.get(params.backend)
+        creator = self._creators.get(params.backend) or _plugged_in(params.backend)
         if creator is None:
             raise RendezvousParameterError(
                 f"unknown rendezvous backend {params.backend!r}; registered backends: "
                 f"{', '.join(self.backends()) or 'none'}"
             )
         handler = creator(params)
+        if not isinstance(handler, RendezvousHandler):
+            raise RendezvousParameterError(
+                f"the creator {_name(creator)} of backend {params.backend!r} returned "
+                f"{type(handler).__qualname__}, not an aioelastic.rendezvous.RendezvousHandler "
+                "(a torch handler is synchronous and cannot drive the async agent)"
+            )
         if handler.get_backend() != params.backend:
             raise RendezvousParameterError(
                 f"the creator {_name(creator)} of backend {params.backend!r} returned a handler "
@@ -70,6 +76,24 @@ def lazy_creator(module: str, attribute: str = "create_handler") -> HandlerCreat
     return create
 
 
+def _plugged_in(backend: str) -> HandlerCreator | None:
+    """The creator of ``backend`` from the ``torchrun.handlers`` entry points, as torch finds
+    them: the entry point loads a function that returns the creator."""
+    from aioelastic._entry_points import find_entry_point
+
+    entry = find_entry_point("torchrun.handlers", backend)
+    if entry is None:
+        return None
+    try:
+        creator: HandlerCreator = entry.load()()
+    except Exception as error:  # a broken plug-in is the user's to fix: say which
+        raise RendezvousParameterError(
+            f"rendezvous backend {backend!r} from entry point {entry.value} failed to load: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    return creator
+
+
 def _name(creator: HandlerCreator) -> str:
     module = getattr(creator, "__module__", "?")
     return f"{module}.{getattr(creator, '__qualname__', repr(creator))}"
@@ -84,6 +108,7 @@ for _backend, _module in (
     ("memory", "aioelastic.rendezvous._memory"),
     ("etcd", "aioelastic.rendezvous._etcd"),
     ("etcd-v3", "aioelastic.rendezvous._etcd"),
+    ("etcd-v2", "aioelastic.rendezvous._etcd"),
 ):
     handler_registry.register(_backend, lazy_creator(_module))
 

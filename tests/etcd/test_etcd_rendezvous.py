@@ -50,7 +50,7 @@ async def form(handlers: list[RendezvousHandler]) -> list[tuple[int, int]]:
     return sorted(results)
 
 
-@pytest.mark.parametrize("backend", ["etcd", "etcd-v3"])
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v3", "etcd-v2"])
 @one_loop
 async def test_nodes_form_a_round(etcd_server: EtcdCluster, backend: str) -> None:
     """Three handlers on etcd get ranks 0..2 of a world of 3, under either backend name."""
@@ -211,6 +211,7 @@ async def test_an_unreachable_cluster_is_a_connection_error_naming_the_endpoints
         ({"read_timeout": "0"}, "read_timeout=0 must be a positive number"),
         ({"cacert": "/nonexistent/ca.pem"}, "cannot read etcd TLS ca_cert file"),
         ({"etcd_prefx": "/x"}, "unknown rendezvous option"),
+        ({"cert": "a.pem", "ssl_cert": "b.pem"}, "ssl_cert and cert are the same setting"),
     ],
 )
 def test_bad_configuration_is_a_parameter_error(config: dict[str, Any], message: str) -> None:
@@ -256,3 +257,18 @@ async def test_two_agents_form_a_job_through_etcd(etcd_server: EtcdCluster) -> N
             tg.start_soon(agent)
     printed = sorted(line.split("]: ", 1)[-1] for out in outputs for line in out.splitlines())
     assert printed == ["worker 0 of 2", "worker 1 of 2"]
+
+
+def test_etcd_v2_says_once_that_it_is_served_by_v3(caplog: pytest.LogCaptureFixture) -> None:
+    """torch's etcd-v2 name is accepted; the first handler says the v3 API serves it."""
+    from aioelastic.rendezvous import _etcd
+
+    _etcd._say_v2_is_v3.cache_clear()
+    for _ in range(2):
+        handler = get_rendezvous_handler(
+            RendezvousParameters("etcd-v2", "127.0.0.1:2379", "v2-job", 1, 1)
+        )
+        assert handler.get_backend() == "etcd-v2"
+    said = [r.getMessage() for r in caplog.records if "etcd-v2" in r.getMessage()]
+    assert len(said) == 1
+    assert "served through etcd's v3 API" in said[0]

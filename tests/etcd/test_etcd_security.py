@@ -142,23 +142,27 @@ async def test_no_credentials_on_an_auth_cluster_is_refused(
             await store.set("k", b"anonymous")
 
 
+@pytest.mark.parametrize(
+    ("backend", "names"),
+    [("etcd", ("cacert", "cert", "key")), ("etcd-v2", ("ca_cert", "ssl_cert", "ssl_cert_key"))],
+    ids=["ours", "torch-etcd-v2"],
+)
 async def test_rendezvous_over_tls_from_rdzv_conf(
-    tls_etcd: EtcdCluster, certificates: Path
+    tls_etcd: EtcdCluster, certificates: Path, backend: str, names: tuple[str, str, str]
 ) -> None:
-    """The etcd backend takes protocol, cacert, cert and key from its config (strings, as
-    --rdzv-conf gives them) and forms a round over TLS."""
+    """The etcd backend takes protocol and the TLS files from its config (strings, as
+    --rdzv-conf gives them; torch's etcd-v2 key names too) and forms a round over TLS."""
     pki = certificates
+    files = (str(pki / "ca.pem"), str(pki / "client.pem"), str(pki / "client.key"))
     params = RendezvousParameters(
-        "etcd",
+        backend,
         tls_etcd.endpoints,
-        "tls-job",
+        f"tls-job-{backend}",
         2,
         2,
         local_addr="127.0.0.1",
         protocol="https",
-        cacert=str(pki / "ca.pem"),
-        cert=str(pki / "client.pem"),
-        key=str(pki / "client.key"),
+        **dict(zip(names, files, strict=True)),
     )
     handlers = [get_rendezvous_handler(params) for _ in range(2)]
     ranks: list[int] = []
