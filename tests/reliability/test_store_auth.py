@@ -349,7 +349,7 @@ def test_the_handshake_admits_exactly_the_right_proof_however_the_bytes_arrive(
     """Split anywhere, the right proof gets WELCOME and the server's own proof; any other bit
     pattern (``flip`` >= 0 flips one byte of it) gets REFUSED."""
     server = TCPStoreServer(token=TOKEN)
-    session = _Session(server, "198.18.0.3:4000", send=None)  # type: ignore[arg-type]
+    session = _Session(server, "198.18.0.3:4000", send=None, hangup=None)  # type: ignore[arg-type]
     hello = encode_preamble() + encode_request(Op.HELLO, 0, client_nonce)
     [challenge] = feed(session, hello, cuts)
     assert challenge.status is Status.CHALLENGE
