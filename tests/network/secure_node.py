@@ -17,6 +17,9 @@ from __future__ import annotations
 import random
 import socket
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
@@ -106,40 +109,63 @@ async def attack(endpoint: str, kind: str, path: str = "") -> None:
     print(outcome, flush=True)
 
 
-async def record(endpoint: str, token_file: str, out: str) -> None:
-    host, port = parse_endpoint(endpoint)
-    sent = bytearray()
+@dataclass
+class Recording:
+    """What went through a :func:`recording_proxy`, per connection and direction."""
 
-    async def pipe(source: anyio.abc.ByteStream, sink: anyio.abc.ByteStream, log: bool) -> None:
+    port: int = 0
+    sent: list[bytes] = field(default_factory=list)
+    """Client to server, each connection's bytes joined."""
+    received: list[bytes] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def recording_proxy(host: str, port: int) -> AsyncIterator[Recording]:
+    """A loopback TCP proxy to ``host:port`` that records every byte in both directions."""
+    recording = Recording()
+
+    async def pipe(
+        source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, log: list[bytes], index: int
+    ) -> None:
         try:
             async for chunk in source:
-                if log:
-                    sent.extend(chunk)
+                log[index] += chunk
                 await sink.send(chunk)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         finally:
             await sink.aclose()
 
-    async def relay(client: anyio.abc.SocketStream) -> None:
+    async def serve(client: anyio.abc.SocketStream) -> None:
+        index = len(recording.sent)
+        recording.sent.append(b"")
+        recording.received.append(b"")
         async with (
             client,
             await anyio.connect_tcp(host, port) as upstream,
             anyio.create_task_group() as tg,
         ):
-            tg.start_soon(pipe, client, upstream, True)
-            tg.start_soon(pipe, upstream, client, False)
+            tg.start_soon(pipe, client, upstream, recording.sent, index)
+            tg.start_soon(pipe, upstream, client, recording.received, index)
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, relay)
-        local = listener.extra(anyio.abc.SocketAttribute.local_port)
-        async with TCPStore("127.0.0.1", local, token=read_token(token_file)) as store:
-            await store.set("planted", b"by the real client")
-            await store.delete_key("planted")
+        recording.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        tg.start_soon(listener.serve, serve)
+        yield recording
         tg.cancel_scope.cancel()
-    await anyio.Path(out).write_bytes(bytes(sent))
-    print(f"recorded {len(sent)} bytes", flush=True)
+
+
+async def record(endpoint: str, token_file: str, out: str) -> None:
+    host, port = parse_endpoint(endpoint)
+    async with (
+        recording_proxy(host, port) as wire,
+        TCPStore("127.0.0.1", wire.port, token=read_token(token_file)) as store,
+    ):
+        await store.set("planted", b"by the real client")
+        await store.delete_key("planted")
+    await anyio.Path(out).write_bytes(wire.sent[0])
+    print(f"recorded {len(wire.sent[0])} bytes", flush=True)
 
 
 async def check(endpoint: str, token_file: str, key: str) -> None:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -34,6 +31,7 @@ from aioelastic.store._tcp_codec import (
     encode_request,
 )
 from aioelastic.store._tcp_server import _Session
+from tests.network.secure_node import recording_proxy
 from tests.rendezvous.test_backends import join_all, unused_port
 
 pytestmark = pytest.mark.anyio
@@ -57,53 +55,6 @@ def test_a_proof_checks_only_for_its_role_token_and_nonces(
         assert not check_proof(token, "client", other, server, made)
 
 
-@dataclass
-class Recording:
-    """What went through a :func:`recording_proxy`, per connection and direction."""
-
-    port: int = 0
-    sent: list[bytes] = field(default_factory=list)
-    """Client to server, each connection's bytes joined."""
-    received: list[bytes] = field(default_factory=list)
-
-
-@asynccontextmanager
-async def recording_proxy(target: int) -> AsyncIterator[Recording]:
-    """A loopback TCP proxy to ``target`` that records every byte in both directions."""
-    recording = Recording()
-
-    async def pipe(
-        source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, log: list[bytes], index: int
-    ) -> None:
-        try:
-            async for chunk in source:
-                log[index] += chunk
-                await sink.send(chunk)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
-        finally:
-            await sink.aclose()
-
-    async def serve(client: anyio.abc.SocketStream) -> None:
-        index = len(recording.sent)
-        recording.sent.append(b"")
-        recording.received.append(b"")
-        async with (
-            client,
-            await anyio.connect_tcp("127.0.0.1", target) as upstream,
-            anyio.create_task_group() as tg,
-        ):
-            tg.start_soon(pipe, client, upstream, recording.sent, index)
-            tg.start_soon(pipe, upstream, client, recording.received, index)
-
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    async with listener, anyio.create_task_group() as tg:
-        recording.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        tg.start_soon(listener.serve, serve)
-        yield recording
-        tg.cancel_scope.cancel()
-
-
 def replay(port: int, data: bytes) -> list[Status]:
     """Send ``data`` on a fresh connection at once; return the replies' statuses to the close."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
@@ -118,7 +69,7 @@ async def test_the_token_never_crosses_the_wire() -> None:
     """A whole authenticated session carries neither the token nor anything containing it."""
     async with (
         TCPStoreServer(token=TOKEN) as server,
-        recording_proxy(server.port) as wire,
+        recording_proxy("127.0.0.1", server.port) as wire,
         TCPStore("127.0.0.1", wire.port, token=TOKEN) as store,
     ):
         await store.set("k", b"v")
@@ -132,7 +83,7 @@ async def test_a_replayed_handshake_does_not_authenticate() -> None:
     """Bytes recorded from a good client, replayed, are refused before any request runs."""
     async with TCPStoreServer(token=TOKEN) as server:
         async with (
-            recording_proxy(server.port) as wire,
+            recording_proxy("127.0.0.1", server.port) as wire,
             TCPStore("127.0.0.1", wire.port, token=TOKEN) as store,
         ):
             await store.set("planted", b"by the real client")
