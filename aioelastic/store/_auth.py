@@ -19,12 +19,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
+import stat
 from pathlib import Path
 from typing import Literal
 
 TOKEN_FILE_ENV = "AIOELASTIC_STORE_TOKEN_FILE"
 """The environment variable naming the token file where no ``token_file`` is given."""
+
+MIN_TOKEN_SIZE = 16
+"""Tokens shorter than this are warned about (a recorded handshake lets one be guessed)."""
+
+log = logging.getLogger("aioelastic.store.auth")
 
 NONCE_SIZE = 32
 """Bytes of each nonce (and of each proof: HMAC-SHA256)."""
@@ -57,12 +64,26 @@ def read_token(path: str | Path) -> bytes:
     """Return the token in the file ``path`` (surrounding whitespace dropped).
 
     Raises ``ValueError`` saying why when the file cannot be read or holds no token; the
-    message never contains the token.
+    message never contains the token. Warns when other users may read the file, or when the
+    token is short enough to be guessed offline from a recorded handshake.
     """
+    file = Path(path)
     try:
-        token = Path(path).read_bytes().strip()
+        token = file.read_bytes().strip()
+        mode = file.stat().st_mode
     except OSError as error:
         raise ValueError(f"cannot read the token file {str(path)!r}: {error.strerror}") from None
     if not token:
         raise ValueError(f"the token file {str(path)!r} is empty; put a secret in it")
+    if mode & stat.S_IROTH:
+        log.warning("the token file %r is readable by every user; chmod o-r it", str(path))
+    if len(token) < MIN_TOKEN_SIZE:
+        log.warning(
+            "the token in %r has %d bytes: short enough to guess offline from one recorded "
+            "handshake; use at least %d random bytes (python -c 'import secrets; "
+            "print(secrets.token_hex(32))')",
+            str(path),
+            len(token),
+            MIN_TOKEN_SIZE,
+        )
     return token

@@ -19,7 +19,7 @@ from aioelastic.rendezvous import (
     get_rendezvous_handler,
 )
 from aioelastic.store import StoreRefusedError, TCPStore, TCPStoreServer
-from aioelastic.store._auth import NONCE_SIZE, TOKEN_FILE_ENV, check_proof, proof
+from aioelastic.store._auth import NONCE_SIZE, TOKEN_FILE_ENV, check_proof, proof, read_token
 from aioelastic.store._peers import OncePerPeer
 from aioelastic.store._tcp_codec import (
     FrameReader,
@@ -330,3 +330,33 @@ async def test_status_reads_a_token_protected_store_with_the_token_file(token_fi
         assert (status.round, status.closed) == (0, False)
         with pytest.raises(RendezvousConnectionError, match="requires a token"):
             await fetch_status("c10d", endpoint, "job", {}, 10)
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "warning"),
+    [
+        ("a" * 40, 0o644, "readable by every user"),
+        ("s3cr3t", 0o600, "short enough to guess offline"),
+    ],
+    ids=["world-readable", "short"],
+)
+def test_a_token_file_that_is_easy_to_steal_or_guess_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: str, mode: int, warning: str
+) -> None:
+    """The token is still read, with a warning saying what to fix (and not the token)."""
+    path = tmp_path / "token"
+    path.write_text(content)
+    path.chmod(mode)
+    assert read_token(path) == content.encode()
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(messages) == 1
+    assert warning in messages[0]
+    assert content not in messages[0]
+
+
+def test_a_private_long_token_file_is_read_without_a_word(
+    token_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 0600 file with a long token: no warning."""
+    assert read_token(token_file) == TOKEN
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
