@@ -584,23 +584,35 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._invalidate(RoundInvalidated(InvalidationReason.NODES_WAITING, why))
 
     async def _monitor(self, result: m.RoundResult, scope: anyio.CancelScope) -> None:
-        """Watch the round until it is invalid; losing the store invalidates it too."""
+        """Watch the round until it is invalid.
+
+        A store failure is no verdict: the watch starts again while the lease holds (a blip
+        costs the world nothing), and once the lease lapses :meth:`_watch_lease` fences the
+        round, which stops the workers before anyone may take their ranks.
+        """
         with scope:
-            try:
-                async with anyio.create_task_group() as tg:
-                    successor = m.ring_successor(result.members, self._node)
-                    if successor is not None:
-                        tg.start_soon(self._watch_successor, result, successor)
-                    await self._watch_inbox(result)
-                    tg.cancel_scope.cancel()
-            except* StoreError as group:
-                self._invalidate(
-                    RoundInvalidated(
-                        InvalidationReason.PARTICIPANT_LOST,
-                        f"lost the rendezvous store while watching round {result.round} "
-                        f"({group.exceptions[0]}); the round's membership is unknown",
-                    )
+            while True:
+                try:
+                    async with anyio.create_task_group() as tg:
+                        successor = m.ring_successor(result.members, self._node)
+                        if successor is not None:
+                            tg.start_soon(self._watch_successor, result, successor)
+                        await self._watch_inbox(result)
+                        tg.cancel_scope.cancel()
+                    return
+                except* StoreError as group:
+                    error = group.exceptions[0]
+                if self._lease.lapsed(self._clock.now()):
+                    return
+                logger.warning(
+                    "rendezvous %r: watching round %d failed (%s); watching again while the "
+                    "lease holds",
+                    self.settings.run_id,
+                    result.round,
+                    error,
                 )
+                pause = min(self.settings.keep_alive_interval, self.settings.attempt_timeout)
+                await self._clock.sleep_until(self._clock.now() + pause)
 
     async def _watch_inbox(self, result: m.RoundResult) -> None:
         """Return once the next round's keys say this round is over (and say so)."""

@@ -138,20 +138,31 @@ async def test_a_graceful_leave_invalidates_the_round_without_time_passing() -> 
     assert verdict.reason is InvalidationReason.PARTICIPANT_LOST
 
 
-async def test_a_node_partitioned_briefly_keeps_its_handler_and_rejoins() -> None:
-    """A short partition after a round invalidates the node's round, not its handler."""
+async def test_a_node_partitioned_past_its_heartbeat_keeps_its_handler_and_rejoins() -> None:
+    """A partition longer than the lease fences the node's round, not its handler."""
     async with RendezvousCluster(2) as cluster:
         await cluster.rendezvous()
         node = cluster.nodes[1]
         cluster.partition(node)
-        await cluster.advance(cluster.settings.keep_alive_interval)
-        with anyio.fail_after(5):  # generous: the failed watch is already known
+        await cluster.advance(cluster.settings.heartbeat_timeout)
+        with anyio.fail_after(5):  # generous: the lease lapsed on the manual clock
             verdict = await node.handler.wait_round_invalidated()
         cluster.heal(node)
         infos = await cluster.rendezvous()
         assert node.exit_error is None
-    assert verdict.reason is InvalidationReason.PARTICIPANT_LOST
+    assert verdict.reason is InvalidationReason.FENCED
     assert sorted(info.rank for info in infos) == [0, 1]
+
+
+async def test_a_partition_shorter_than_the_lease_costs_the_round_nothing() -> None:
+    """A blip (store calls failing for less than the lease) leaves every round valid."""
+    async with RendezvousCluster(2) as cluster:
+        await cluster.rendezvous()
+        cluster.partition(cluster.nodes[1])
+        await cluster.advance(cluster.settings.keep_alive_interval)
+        cluster.heal(cluster.nodes[1])
+        await cluster.advance(cluster.settings.heartbeat_timeout)
+        assert [n.handler.statistics().invalidated for n in cluster.nodes] == [None, None]
 
 
 async def test_a_partition_fails_a_stalled_call_too() -> None:
