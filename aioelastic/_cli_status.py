@@ -52,7 +52,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         default=None,
         help="list the watchdog timers armed on the node whose `aioelastic run --metrics-port` "
-        "is HOST:PORT (scope and seconds left)",
+        "is HOST:PORT (scope and seconds left), and the limits its workers' "
+        'expires(after="auto") learned',
     )
     add(
         "--stacks",
@@ -69,7 +70,7 @@ def status_command(args: argparse.Namespace) -> int:
     """The ``aioelastic status`` handler: read, print, exit 0 (1 if a source is unreachable)."""
     import anyio
 
-    from aioelastic._status import format_stacks, format_status, format_timers
+    from aioelastic._status import format_learned, format_stacks, format_status, format_timers
     from aioelastic.events import to_data
     from aioelastic.rendezvous import RendezvousError
 
@@ -111,6 +112,9 @@ def status_command(args: argparse.Namespace) -> int:
             timers = fetch_timers(args.timers, args.timeout)
             report["timers"] = timers
             texts.append(format_timers(args.timers, timers))
+            learned = fetch_json(args.timers, "learned", args.timeout)
+            report["learned_timeouts"] = learned
+            texts.append(format_learned(args.timers, learned))
     except (RendezvousError, OSError, ValueError) as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 1
@@ -120,21 +124,28 @@ def status_command(args: argparse.Namespace) -> int:
 
 def fetch_timers(address: str, timeout: float) -> list[dict[str, Any]]:
     """The timers a node's metrics endpoint lists at ``/timers``."""
+    timers = fetch_json(address, "timers", timeout)
+    if not isinstance(timers, list):
+        raise ValueError(
+            f"http://{address}/timers did not list timers (got {type(timers).__name__})"
+        )
+    return timers
+
+
+def fetch_json(address: str, what: str, timeout: float) -> Any:
+    """What a node's metrics endpoint serves at ``/<what>``, decoded."""
     import urllib.error
     import urllib.request
 
-    url = f"http://{address}/timers"
+    url = f"http://{address}/{what}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as reply:
-            timers = json.loads(reply.read())
+            return json.loads(reply.read())
     except (OSError, ValueError) as error:
         raise OSError(
-            f"cannot read the watchdog timers at {url}: {error}; is `aioelastic run "
+            f"cannot read the watchdog {what} at {url}: {error}; is `aioelastic run "
             "--metrics-port` serving there?"
         ) from None
-    if not isinstance(timers, list):
-        raise ValueError(f"{url} did not list timers (got {type(timers).__name__})")
-    return timers
 
 
 async def fetch_status(

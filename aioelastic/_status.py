@@ -235,3 +235,17 @@ def format_stacks(run_id: str, data: Mapping[str, Any]) -> str:
         if rank["stack_file"]:
             lines.append(f"  {'':>4}  {'':>4}  {'':>7}  {rank['stack_file']}")
     return "\n".join(lines)
+
+
+def format_learned(node: str, learned: Mapping[str, Mapping[str, float]]) -> str:
+    """The limits a node's ``expires(after="auto")`` scopes learned (as ``/learned`` lists them)."""
+    if not learned:
+        return f"node {node}: no learned timeout yet"
+    lines = [f"node {node}: learned timeouts"]
+    lines.append(f"  {'limit (s)':>9}  {'longest (s)':>11}  {'blocks':>6}  scope")
+    for scope, item in learned.items():
+        lines.append(
+            f"  {item['limit']:>9.1f}  {item['longest']:>11.1f}  "
+            f"{int(item['observations']):>6}  {scope}"
+        )
+    return "\n".join(lines)

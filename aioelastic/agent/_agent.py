@@ -55,6 +55,7 @@ from aioelastic.agent._events import (
     RunState,
     ShutdownRequested,
     StacksCaptured,
+    TimeoutsLearnedIn,
 )
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup, first_of, unwrap_single_error
 from aioelastic.agent._guardian import Guardian, guardian_for
@@ -253,6 +254,7 @@ class ElasticAgent(Service):
             return
         from aioelastic.timer import FileTimerServer, WatchPolicy
 
+        self._learn_timeouts()
         forensics = self._stack_capture = self._forensics()
         server = FileTimerServer(
             os.environ.get("TORCHELASTIC_TIMER_FILE") or Path(self._private_dir, "watchdog"),
@@ -285,9 +287,25 @@ class ElasticAgent(Service):
             on_report=lambda report: self._emit(StacksCaptured(report)),
             peers=self._peers,
         )
-        self.spec = replace(self.spec, env={**forensics.worker_env(), **self.spec.env})
-        self._attempts = Attempts(self.spec)  # before any attempt: nothing to carry over
+        self._add_worker_env(forensics.worker_env())
         return forensics
+
+    def _add_worker_env(self, env: dict[str, str]) -> None:
+        """Give every worker ``env`` (the spec's own env wins); only before the first attempt."""
+        self.spec = replace(self.spec, env={**env, **self.spec.env})
+        self._attempts = Attempts(self.spec)  # nothing to carry over yet
+
+    def _learn_timeouts(self) -> None:
+        """Tell workers where ``expires(after="auto")`` keeps what it learns: under
+        ``--log-dir`` (it outlives the run), else in the agent's private directory."""
+        from aioelastic.timer._learned import LEARNED_DIR_ENV
+
+        log_dir = self.spec.logs.log_dir
+        where = Path(log_dir, "learned-timeouts", self._run_id) if log_dir else None
+        where = where or Path(self._private_dir, "learned-timeouts")
+        where.mkdir(parents=True, exist_ok=True)
+        self._add_worker_env({LEARNED_DIR_ENV: str(where)})
+        self._emit(TimeoutsLearnedIn(str(where)))
 
     def _peers(self) -> Peers | None:
         from aioelastic.agent._forensics import Peers

@@ -91,6 +91,14 @@ class StacksCaptured:
 
 
 @dataclass(frozen=True, slots=True)
+class TimeoutsLearnedIn:
+    """Workers' ``expires(after="auto")`` keep what they learn in ``directory``
+    (``aioelastic.timer.learned_limits(directory)`` reads it; the metrics serve it)."""
+
+    directory: str
+
+
+@dataclass(frozen=True, slots=True)
 class MembershipChanged:
     """The rendezvous round became invalid; the group stops and re-rendezvouses for free."""
 
@@ -205,6 +213,7 @@ AgentEvent = (
     | WorkerFailed
     | WorkerReaped
     | StacksCaptured
+    | TimeoutsLearnedIn
     | MembershipChanged
     | NodeFenced
     | WorkersStopped

@@ -66,7 +66,8 @@ class PrometheusMetrics:
     (histogram: from the start or a restart to the round's completion),
     ``aioelastic_world_size``, ``aioelastic_rendezvous_waiting_nodes`` (nodes joined while this
     one waits, from ``RendezvousWaiting`` reports, or :meth:`set_waiting_nodes`),
-    ``aioelastic_active_timers`` (timer events seen) and
+    ``aioelastic_active_timers`` (timer events seen), ``aioelastic_learned_timeout_seconds``
+    (by scope, read from the learned-timeouts directories at each scrape) and
     ``aioelastic_events_total`` by source and kind.
     """
 
@@ -111,8 +112,15 @@ class PrometheusMetrics:
         self.events = prom.Counter(
             "aioelastic_events", "Events by source and kind", ["source", "kind"], registry=reg
         )
+        self.learned_timeouts = prom.Gauge(
+            "aioelastic_learned_timeout_seconds",
+            'The limit expires(after="auto") gives each scope now',
+            ["scope"],
+            registry=reg,
+        )
         self._waiting_since = start
         self._timers: dict[tuple[int, str], float] = {}  # (pid, scope) -> monotonic deadline
+        self._learned_dirs: list[str] = []
 
     def __repr__(self) -> str:
         return f"PrometheusMetrics({self.registry!r})"
@@ -131,8 +139,26 @@ class PrometheusMetrics:
             for (pid, scope), deadline in sorted(self._timers.items(), key=lambda kv: kv[1])
         ]
 
+    def learned(self) -> dict[str, dict[str, float]]:
+        """The learned timeouts by scope (limit, observations, longest), read now from the
+        directories the agents announced (``TimeoutsLearnedIn``): only when asked."""
+        from aioelastic.timer._learned import LearningPolicy, learned_limit, merge, read_learned
+
+        policy = LearningPolicy()
+        scopes = merge(read_learned(directory) for directory in self._learned_dirs)
+        return {
+            name: {
+                "limit": learned_limit(scope, policy),
+                "observations": scope.observations,
+                "longest": scope.longest,
+            }
+            for name, scope in sorted(scopes.items())
+        }
+
     def exposition(self) -> bytes:
-        """The metrics in Prometheus' text format."""
+        """The metrics in Prometheus' text format (learned timeouts read at this moment)."""
+        for scope, learned in self.learned().items():
+            self.learned_timeouts.labels(scope).set(learned["limit"])
         data: bytes = _client().generate_latest(self.registry)
         return data
 
@@ -161,6 +187,9 @@ class PrometheusMetrics:
                 self._timers[(event.pid, event.scope_id)] = event.deadline
             case "TimerReleased" | "TimerExpired":
                 self._timers.pop((event.pid, event.scope_id), None)
+            case "TimeoutsLearnedIn":
+                if event.directory not in self._learned_dirs:
+                    self._learned_dirs.append(event.directory)
             case "ProcessExited":
                 self._timers = {k: d for k, d in self._timers.items() if k[0] != event.pid}
         if kind in WAIT_STARTS:
@@ -206,13 +235,16 @@ async def read_request(stream: SocketStream) -> bytes:
 
 def response(request: bytes, metrics: PrometheusMetrics, now: float) -> bytes:
     """The HTTP response to ``request``: the metrics for ``GET /metrics`` (or ``/``), the armed
-    watchdog timers as JSON for ``GET /timers`` (``now``: the watchdog's clock), else 404."""
+    watchdog timers as JSON for ``GET /timers`` (``now``: the watchdog's clock), the learned
+    timeouts for ``GET /learned``, else 404."""
     method, _, rest = request.partition(b" ")
     path = rest.partition(b" ")[0].partition(b"?")[0]
     if method == b"GET" and path in (b"/", b"/metrics"):
         body, status, kind = metrics.exposition(), "200 OK", _client().CONTENT_TYPE_LATEST
     elif method == b"GET" and path == b"/timers":
         body, status, kind = json.dumps(metrics.timers(now)).encode(), "200 OK", "application/json"
+    elif method == b"GET" and path == b"/learned":
+        body, status, kind = json.dumps(metrics.learned()).encode(), "200 OK", "application/json"
     else:
         body, status, kind = b"not found: scrape /metrics\n", "404 Not Found", "text/plain"
     head = (

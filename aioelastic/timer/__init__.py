@@ -2,7 +2,8 @@
 
 ``FileTimerServer``/``FileTimerClient`` speak PyTorch's FileTimer wire format over a FIFO;
 ``LocalTimerServer``/``LocalTimerClient`` do the same in-process. ``expires()`` arms a timer for
-a block, as ``async with`` or ``with``.
+a block, as ``async with`` or ``with``; ``after="auto"`` learns the limit from earlier
+blocks of the same scope (``LearnedTimeouts``).
 """
 
 from aioelastic.timer._api import Expiry, TimerClient, configure, expires
@@ -37,6 +38,13 @@ from aioelastic.timer._events import (
 from aioelastic.timer._file_client import FileTimerClient
 from aioelastic.timer._file_server import FileTimerServer
 from aioelastic.timer._heap import DeadlineHeap, Timer
+from aioelastic.timer._learned import (
+    LearnedScope,
+    LearnedTimeouts,
+    LearningPolicy,
+    learned_limits,
+    read_learned,
+)
 from aioelastic.timer._local import LocalTimerClient, LocalTimerServer
 from aioelastic.timer._policy import WatchPolicy
 
@@ -47,6 +55,9 @@ __all__ = [
     "FileTimerClient",
     "FileTimerServer",
     "InvalidDurationError",
+    "LearnedScope",
+    "LearnedTimeouts",
+    "LearningPolicy",
     "LineDecoder",
     "LocalTimerClient",
     "LocalTimerServer",
@@ -74,4 +85,6 @@ __all__ = [
     "decode_line",
     "encode_request",
     "expires",
+    "learned_limits",
+    "read_learned",
 ]

@@ -9,10 +9,12 @@ import time
 import uuid
 from collections.abc import Callable
 from types import TracebackType
+from typing import Literal
 
 import anyio
 
 from aioelastic.timer._errors import InvalidDurationError, NoTimerClientError, ScopeExpiredError
+from aioelastic.timer._learned import LearnedTimeouts, default_learned
 from aioelastic.timer._stackdump import register_stack_dump
 
 
@@ -62,16 +64,33 @@ def configure(client: TimerClient | None) -> None:
 
 
 class Expiry:
-    """A timer armed for the duration of a block: ``with`` or ``async with`` (see ``expires``)."""
+    """A timer armed for the duration of a block: ``with`` or ``async with`` (see ``expires``).
 
-    def __init__(self, after: float, scope_id: str, client: TimerClient) -> None:
+    With ``learned``, a block that finishes is an observation of its scope's duration.
+    """
+
+    def __init__(
+        self,
+        after: float,
+        scope_id: str,
+        client: TimerClient,
+        learned: LearnedTimeouts | None = None,
+    ) -> None:
         self.after = after
         self.scope_id = scope_id
         self.client = client
+        self.learned = learned
         self._cancel_scope: anyio.CancelScope | None = None
+        self._started = 0.0
+
+    def _observe(self, exc_type: type[BaseException] | None) -> None:
+        if self.learned is not None and exc_type is None:
+            self.learned.observe(self.scope_id, self.learned.now() - self._started)
 
     def __enter__(self) -> Expiry:
         self.client.acquire_sync(self.scope_id, time.time() + self.after)
+        if self.learned is not None:
+            self._started = self.learned.now()
         return self
 
     def __exit__(
@@ -81,6 +100,7 @@ class Expiry:
         tb: TracebackType | None,
     ) -> None:
         self.client.release_sync(self.scope_id)
+        self._observe(exc_type)
 
     async def __aenter__(self) -> Expiry:
         scope = anyio.CancelScope()
@@ -93,6 +113,8 @@ class Expiry:
             scope.__exit__(None, None, None)
             raise
         self._cancel_scope = scope
+        if self.learned is not None:
+            self._started = self.learned.now()
         return self
 
     async def __aexit__(
@@ -110,23 +132,39 @@ class Expiry:
             scope.__exit__(exc_type, exc, tb)
         if scope.cancelled_caught:
             raise ScopeExpiredError(self.scope_id, self.after) from exc
+        self._observe(exc_type)
         return False
 
 
-def expires(after: float, scope: str | None = None, client: TimerClient | None = None) -> Expiry:
+def expires(
+    after: float | Literal["auto"],
+    scope: str | None = None,
+    client: TimerClient | None = None,
+    *,
+    learned: LearnedTimeouts | None = None,
+) -> Expiry:
     """Arm a timer that expires ``after`` seconds from now unless the block finishes first.
 
     Use as ``async with expires(after=30):`` in coroutines or ``with expires(after=30):`` in
     synchronous code. The default ``scope`` names the calling line and is unique per call, so
     nested, recursive and concurrent uses never share a timer. An exception in the block
-    propagates and the timer is still released.
+    propagates and the timer is still released. ``after="auto"`` learns the limit from the
+    scope's earlier blocks (a named ``scope`` is needed; see ``_learned.py``), with ``learned``
+    or the process's default learner (kept where the agent says).
     """
-    if not math.isfinite(after) or after < 0:
+    if after == "auto":
+        if scope is None:
+            raise InvalidDurationError("after", after, 'after="auto" needs a named scope to learn')
+        learned = learned if learned is not None else default_learned()
+        after = learned.limit(scope)
+    elif not isinstance(after, int | float) or not math.isfinite(after) or after < 0:
         raise InvalidDurationError("after", after)
+    else:
+        learned = None
     chosen = client if client is not None else _default_client
     if chosen is None:
         raise NoTimerClientError
     if scope is None:
         frame = sys._getframe(1)
         scope = f"{frame.f_code.co_filename}:{frame.f_lineno}#{uuid.uuid4().hex[:12]}"
-    return Expiry(after, scope, chosen)
+    return Expiry(after, scope, chosen, learned)

@@ -47,11 +47,14 @@ class RequestTooLargeError(TimerError, ValueError):
 class InvalidDurationError(TimerError, ValueError):
     """A timer was asked to last a negative, infinite or NaN time."""
 
-    def __init__(self, name: str, value: float) -> None:
+    def __init__(self, name: str, value: object, advice: str = "") -> None:
         self.value = value
+        if advice:
+            super().__init__(f"{name}={value!r}: {advice}")
+            return
         super().__init__(
             f"{name} must be a finite number of seconds, got {value!r}; "
-            "pass how long the block may take"
+            "pass how long the block may take (or after='auto' with a named scope)"
         )
 
 

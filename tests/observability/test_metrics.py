@@ -187,6 +187,7 @@ async def test_status_lists_a_nodes_timers_from_its_metrics_endpoint() -> None:
     out = done.stdout.decode()
     assert done.returncode == 0, done.stderr
     assert "1 watchdog timer armed" in out
-    pid, left, scope = out.splitlines()[-1].split()
+    pid, left, scope = next(line for line in out.splitlines() if "epoch-3" in line).split()
     assert (pid, scope) == ("4242", "epoch-3/step-17")
     assert 0 < float(left) <= 600
+    assert f"node 127.0.0.1:{port}: no learned timeout yet" in out

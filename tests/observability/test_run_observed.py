@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from pathlib import Path
@@ -148,3 +149,42 @@ async def test_the_watchdogs_own_events_are_in_the_events_file(tmp_path: Path) -
     agent_reaped = next(e for e in logged if e.kind == "WorkerReaped")
     assert reaped.data["scope_id"] == agent_reaped.data["scope_id"] == "step"
     assert reaped.data["pid"] == agent_reaped.data["pid"]
+
+
+LEARNS = """\
+import json, os, sys, urllib.request
+from aioelastic import timer
+timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+for _ in range(3):
+    with timer.expires(after="auto", scope="step"):
+        pass
+port, out = sys.argv[1], sys.argv[2]
+for what in ("metrics", "learned"):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/{what}", timeout=30) as reply:
+        open(os.path.join(out, what), "wb").write(reply.read())
+"""
+
+
+async def test_learned_timeouts_reach_the_metrics_and_the_learned_endpoint(tmp_path: Path) -> None:
+    """A worker's expires(after="auto") blocks are observations the agent serves: a gauge per
+    scope and /learned (what `aioelastic status --timers` prints), kept under --log-dir."""
+    pytest.importorskip("prometheus_client", reason="needs the metrics extra (prometheus-client)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    worker = tmp_path / "worker.py"
+    worker.write_text(LEARNS)
+    logs = tmp_path / "logs"
+    code, output = await aioelastic(
+        "run", "--standalone", "--metrics-port", str(port), "--log-dir", logs,
+        worker, str(port), str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, output
+    assert 'aioelastic_learned_timeout_seconds{scope="step"} 1800.0' in (
+        (tmp_path / "metrics").read_text()
+    )
+    learned = json.loads((tmp_path / "learned").read_text())
+    assert learned["step"]["observations"] == 3
+    assert learned["step"]["limit"] == 1800.0  # still warming up
+    (kept,) = (logs / "learned-timeouts").iterdir()  # one directory per run id
+    assert [p.name for p in kept.iterdir()] == ["0.json"]

@@ -12,7 +12,13 @@ import anyio
 import pytest
 
 from aioelastic._cli_status import fetch_status
-from aioelastic._status import NodeStatus, RunStatus, format_status, read_status
+from aioelastic._status import (
+    NodeStatus,
+    RunStatus,
+    format_learned,
+    format_status,
+    read_status,
+)
 from aioelastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._machine import encode_alive
@@ -207,3 +213,14 @@ def test_heartbeat_age_is_the_recorded_ttl_minus_the_time_left() -> None:
     items = {**WAITING_NODE_3, "node/3/alive": encode_alive(15)}
     (node,) = read_status("job", items, {3: 11.0}).waiting
     assert node.heartbeat_age == pytest.approx(4.0)
+
+
+def test_learned_timeouts_are_a_table_by_scope() -> None:
+    """`status --timers` shows each scope's learned limit, longest block and block count."""
+    learned = {"step": {"limit": 90.0, "observations": 12, "longest": 30.0}}
+    assert format_learned("n:1", learned).splitlines() == [
+        "node n:1: learned timeouts",
+        "  limit (s)  longest (s)  blocks  scope",
+        "       90.0         30.0      12  step",
+    ]
+    assert format_learned("n:1", {}) == "node n:1: no learned timeout yet"

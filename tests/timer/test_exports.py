@@ -17,6 +17,8 @@ EXPECTED = {
     # the pure cores
     "DeadlineHeap", "Timer", "LineDecoder", "Rejection", "encode_request", "decode_line",
     "PIPE_BUF",
+    # learned timeouts
+    "LearnedTimeouts", "LearnedScope", "LearningPolicy", "learned_limits", "read_learned",
 }  # fmt: skip
 
 
