@@ -8,7 +8,10 @@
   CPU time per request (it includes answering the bench's progress polls, alike for both);
 * pipe full: how many BlockingIOError an unmodified torch client meets writing flat out
   (it would crash a real worker; the bench retries and counts);
-* idle CPU: server CPU time per second while 1,000 timers sit armed.
+* idle CPU: server CPU time per second while 1,000 timers sit armed;
+* stacks before the kill: deadline to death of an 8-thread Python worker with the agent's
+  stack capture before the reap (py-spy, or the worker's faulthandler signal) and without;
+  and the server's CPU per request with the capture hook set (it runs only on expiry).
 
 Each server runs in its own host process (``python -m bench.timer host ours|torch PATH``).
 torch's server reaps by signalling the worker *and then its own process*, so workers are armed
@@ -51,15 +54,33 @@ def line(pid: int, scope: str, expiration: float, signum: int) -> bytes:
 # -- server hosts ---------------------------------------------------------------------------
 
 
-def host_ours(path: str) -> None:
+STACKS_DIR = "AIOELASTIC_STACK_DIR"
+
+
+def host_ours(path: str, capture_with: str | None = None) -> None:
+    """Our server; with ``capture_with`` (py-spy, faulthandler) the agent's stack capture runs
+    before each reap, as ``aioelastic run`` does (workers' faulthandler files in $STACKS_DIR)."""
     import anyio
 
-    from aioelastic.timer import FileTimerServer
+    from aioelastic.agent._forensics import STACK_SIGNAL, capture, find_py_spy
+    from aioelastic.timer import FileTimerServer, TimerExpired
 
     logging.disable(logging.CRITICAL)  # as for torch's host: measure serving, not logging
 
+    async def before_reap(expired: TimerExpired) -> None:
+        got = await capture(
+            expired.pid,
+            py_spy=find_py_spy("auto") if capture_with == "py-spy" else None,
+            signal_dir=os.environ[STACKS_DIR] if capture_with == "faulthandler" else None,
+            signum=STACK_SIGNAL,
+            timeout=5.0,
+        )
+        if got.method != capture_with:
+            raise RuntimeError(f"{capture_with} captured nothing: {got.reason}")
+
     async def serve() -> None:
-        async with FileTimerServer(path, "bench") as server:
+        hook = before_reap if capture_with else None
+        async with FileTimerServer(path, "bench", before_reap=hook) as server:
             os.write(1, b"ready\n")
             buffer = b""
             while True:
@@ -133,6 +154,7 @@ class Host:
 @contextmanager
 def hosted(kind: str) -> Iterator[Host]:
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ[STACKS_DIR] = tmp  # the host and the workers started from here share it
         host = Host(kind, str(Path(tmp) / "timer.fifo"))
         try:
             yield host
@@ -177,6 +199,44 @@ def expiry_latencies(host: Host, active: int, samples: int) -> list[float]:
     finally:
         anchor.kill()
         anchor.wait()
+
+
+THREADED_WORKER = """\
+import os, signal, sys, threading, time
+from aioelastic.timer._stackdump import register_stack_dump
+for _ in range(7):
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+register_stack_dump({"AIOELASTIC_STACK_SIGNAL": sys.argv[1], "AIOELASTIC_STACK_DIR": sys.argv[2]})
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def reap_latencies(host: Host, samples: int) -> list[float]:
+    """Seconds from deadline to death of ``samples`` Python workers of 8 threads each."""
+    from aioelastic.agent._forensics import STACK_SIGNAL
+
+    latencies = []
+    for _ in range(samples):
+        argv = [
+            sys.executable,
+            "-c",
+            THREADED_WORKER,
+            str(int(STACK_SIGNAL)),
+            os.environ[STACKS_DIR],
+        ]
+        worker = subprocess.Popen(argv, stdout=subprocess.PIPE)
+        assert worker.stdout is not None
+        assert worker.stdout.readline() == b"ready\n"
+        pidfd = os.pidfd_open(worker.pid)
+        deadline = time.time() + random.uniform(*ARM_AHEAD)
+        send(host.path, line(worker.pid, "step", deadline, signal.SIGTERM))
+        select.select([pidfd], [], [], 60)
+        latencies.append(time.time() - deadline)
+        os.close(pidfd)
+        worker.kill()
+        worker.wait()
+    return latencies
 
 
 CLIENT = {
@@ -303,6 +363,14 @@ def main() -> None:
             r[f"expiry p99, {active} timers"] = lat[min(len(lat) - 1, len(lat) * 99 // 100)] * 1000
         with hosted(kind) as host:
             r["idle CPU, 1000 timers"] = idle_cpu(host, 1000, args.idle) * 100
+    # Stacks before the kill: deadline to death of an 8-thread Python worker, with the agent's
+    # capture before the reap (py-spy, or the worker's faulthandler signal) and without.
+    for capture_with in ("none", "py-spy", "faulthandler"):
+        with hosted("ours" if capture_with == "none" else f"ours-{capture_with}") as host:
+            lat = sorted(reap_latencies(host, max(3, args.samples // 3)))
+        results["ours"][f"reap p50, 8 threads, capture {capture_with}"] = (
+            statistics.median(lat) * 1000
+        )
     # Throughput shares the CPU with the clients and with whoever else uses the machine, so the
     # servers take turns, --repeat times, and each figure is the median of its turns.
     for processes in (1, 8):
@@ -323,6 +391,14 @@ def main() -> None:
             r[f"pipe full, {processes} {writer} client(s)"] = full
             r[f"server CPU/request, {processes} {writer} client(s)"] = cost
         results["ours"][f"throughput, {processes} own client(s)"] = statistics.median(own)
+        if processes == 1:  # the capture hook costs nothing while no timer expires
+            hooked = []
+            for _ in range(args.repeat):
+                with hosted("ours-py-spy") as host:
+                    hooked.append(throughput(host, writer, processes, args.requests)[2])
+            results["ours"][f"server CPU/request, capture hook, 1 {writer} client(s)"] = (
+                statistics.median(hooked)
+            )
         if "torch" in results:
             results["torch"][f"throughput, {processes} own client(s)"] = results["torch"][
                 f"throughput, {processes} {writer} client(s)"
@@ -333,6 +409,7 @@ def main() -> None:
         "pipe": ("errors", True),
         "idle": ("% of a core", True),
         "server": ("µs", True),
+        "reap": ("ms", True),
     }
     print(f"{'measure':<38} {'aioelastic':>12} {'torch':>12} {'ratio':>8}")
     for name, ours in results["ours"].items():
@@ -347,7 +424,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "host":
-        {"ours": host_ours, "torch": host_torch}[sys.argv[2]](sys.argv[3])
+        kind = sys.argv[2]
+        if kind.startswith("ours-"):
+            host_ours(sys.argv[3], capture_with=kind.removeprefix("ours-"))
+        else:
+            {"ours": host_ours, "torch": host_torch}[kind](sys.argv[3])
     elif len(sys.argv) > 1 and sys.argv[1] == "client":
         client_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
