@@ -58,13 +58,17 @@ grandchild can hold a pipe open forever)."""
 
 @contextmanager
 def unwrap_single_error() -> Iterator[None]:
-    """Re-raise a task group's lone exception as itself, so callers catch what was raised."""
+    """Re-raise a task group's lone exception as itself (through nested groups of one), so
+    callers catch what was raised."""
     try:
         yield
     except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
+        lone: BaseException = group
+        while isinstance(lone, BaseExceptionGroup) and len(lone.exceptions) == 1:
+            lone = lone.exceptions[0]
+        if lone is group:
+            raise
+        raise lone from None
 
 
 async def first_of(*waiters: Callable[[], Awaitable[T]]) -> T:

@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -139,6 +140,11 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     min_nodes, max_nodes = args.nnodes
     backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
     conf = dict(args.rdzv_conf)
+    if args.standalone and args.nnodes != (1, 1):
+        raise FlagError(
+            f"--standalone runs a single node, but --nnodes asks for {args.nnodes[1]}; for a "
+            "multi-node job drop --standalone, pass --rdzv-backend c10d --rdzv-endpoint HOST:PORT"
+        )
     if args.standalone:  # one node: an in-process rendezvous needs no server (torchrun: c10d)
         run_id = str(uuid.uuid4())
         backend, endpoint = "memory", f"standalone-{run_id}"
@@ -301,6 +307,37 @@ def describe(event: AgentEvent) -> str | None:
     return None
 
 
+ETCD_BACKENDS = ("etcd", "etcd-v3", "etcd-v2")
+PROBE_TIMEOUT = 5.0
+"""Seconds one etcd endpoint may take to accept a TCP connection at start-up."""
+
+
+async def unreachable_etcd(endpoints: str) -> str | None:
+    """Why no endpoint of ``endpoints`` accepts a TCP connection (None: one does).
+
+    At start-up a refused connection on every member is a definite answer: fail at once
+    rather than let the store retry for its read timeout.
+    """
+    from aioelastic.store._etcd_rpc import parse_endpoints
+
+    addresses, _ = parse_endpoints(endpoints or "127.0.0.1:2379")
+    reasons = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            with anyio.fail_after(PROBE_TIMEOUT):
+                stream = await anyio.connect_tcp(host.strip("[]"), int(port))
+        except TimeoutError:
+            reasons.append(f"{address}: no answer within {PROBE_TIMEOUT:g} s")
+        except OSError as exc:  # anyio's "all attempts failed" carries the last one's reason
+            cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+            reasons.append(f"{address}: {cause.strerror or cause}")
+        else:
+            await stream.aclose()
+            return None
+    return "; ".join(reasons)
+
+
 def print_event_line(record: EventRecord) -> None:
     """``--event-log-handler console``: every event as a JSON line on stderr."""
     from aioelastic.events import encode_record
@@ -404,6 +441,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
         RendezvousParameters,
         get_rendezvous_handler,
     )
+    from aioelastic.store import StoreError
 
     try:
         params = RendezvousParameters(
@@ -417,7 +455,17 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
         )
         handler_context = get_rendezvous_handler(params)
     except ValueError as exc:  # a bad backend name or option: the user's to fix
-        one_line_error(f"--rdzv-backend/--rdzv-conf: {exc}")
+        one_line_error(f"--rdzv-backend/--rdzv-endpoint/--rdzv-conf: {exc}")
+    if shutil.which(config.entrypoint) is None:  # --no-python's program, or PYTHON_EXEC
+        one_line_error(f"the worker program {config.entrypoint!r} is not on PATH or not executable")
+    if config.rdzv_backend in ETCD_BACKENDS:
+        why = await unreachable_etcd(config.rdzv_endpoint)
+        if why is not None:
+            print(
+                f"{PROG}: no etcd member is reachable ({why}); check --rdzv-endpoint",
+                file=sys.stderr,
+            )
+            return 1
     observed = observe(  # failures go to the console once, by the agent's own reporter
         {}, events_file=config.events_file, metrics_port=config.metrics_port, log_warnings=False
     )
@@ -471,7 +519,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
         MetricsPortError,
     ) as exc:
         one_line_error(str(exc))
-    except (RendezvousError, AgentError) as exc:
+    except (RendezvousError, AgentError, StoreError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     if result is None:  # a signal came before any worker started

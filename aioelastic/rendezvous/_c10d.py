@@ -38,10 +38,20 @@ def parse_endpoint(endpoint: str, default_port: int = DEFAULT_PORT) -> tuple[str
         )
     host, port_text = text, ""
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise RendezvousParameterError(
+                f"rendezvous endpoint {endpoint!r} is malformed; write an IPv6 address as "
+                "[addr]:port, for example [::1]:29400"
+            )
         port_text = rest.removeprefix(":")
     elif text.count(":") == 1:
         host, port_text = text.split(":")
+    if not host:
+        raise RendezvousParameterError(
+            f"rendezvous endpoint {endpoint!r} has no host; pass host:port of the rendezvous "
+            "store (for this machine, 127.0.0.1 or its name)"
+        )
     if not port_text:
         return host, default_port
     try:

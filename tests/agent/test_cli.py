@@ -106,7 +106,7 @@ def test_bad_flags_fail_with_one_line_naming_the_flag(
 
 def test_standalone_uses_a_private_single_node_rendezvous() -> None:
     """--standalone picks a private in-process rendezvous, a fresh run id and exactly one node."""
-    config = config_from_args(parse("--standalone", "--nnodes", "2:4", "train.py"))
+    config = config_from_args(parse("--standalone", "train.py"))
     assert (config.rdzv_backend, config.rdzv_endpoint) == ("memory", f"standalone-{config.run_id}")
     assert (config.min_nodes, config.max_nodes) == (1, 1)
     assert config.run_id != "none"

@@ -107,7 +107,12 @@ async def test_module_mode_runs_a_module_with_python_m() -> None:
         (["--rdzv-backend", "nosuch"], "nosuch"),
         (["--standalone", "--rdzv-conf", "join_timeout=-1"], "join_timeout"),
         (["--standalone", "--role="], "role"),
+        (["--rdzv-backend", "c10d", "--rdzv-endpoint", ":29400"], "':29400' has no host"),
+        (["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1"], "'[::1' is malformed"),
+        (["--standalone", "--nnodes", "2"], "--standalone runs a single node"),
+        (["--standalone", "--no-python", "no-such-program"], "'no-such-program' is not on PATH"),
     ],
+    ids=["backend", "conf", "role", "empty-host", "open-bracket", "standalone-nnodes", "no-python"],
 )
 async def test_bad_settings_fail_at_once_naming_them(argv: list[str], name: str) -> None:
     """Settings refused by the rendezvous or the spec: one line, exit status 2, no worker."""
@@ -320,3 +325,15 @@ async def test_an_unknown_pet_variable_warns_and_a_known_one_applies(tmp_path: P
     )
     [record] = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]  # noqa: ASYNC240
     assert record["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+async def test_an_unreachable_etcd_fails_at_once_in_one_line() -> None:
+    """No etcd listening at the endpoint: one line naming it and why, status 1, no wait."""
+    port = free_port()
+    argv = ["--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{port}", WORKER]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv) as run:
+            status = await run.wait()
+    assert status == 1, run
+    assert run.err.text.count("\n") == 1, run
+    assert f"no etcd member is reachable (127.0.0.1:{port}: Connection refused)" in run.err.text

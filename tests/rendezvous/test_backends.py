@@ -175,9 +175,11 @@ def test_endpoints_parse(endpoint: str, expected: tuple[str, int]) -> None:
     assert parse_endpoint(endpoint) == expected
 
 
-@pytest.mark.parametrize("endpoint", ["", "host:http", "host:0", "host:70000"])
+@pytest.mark.parametrize(
+    "endpoint", ["", "host:http", "host:0", "host:70000", ":29400", "[::1", "[::1]x", "[]:5"]
+)
 def test_bad_endpoints_are_refused(endpoint: str) -> None:
-    """An empty endpoint or a bad port is a parameter error."""
+    """An empty endpoint or host, a bad port or a malformed [v6] is a parameter error."""
     with pytest.raises(RendezvousParameterError, match="endpoint"):
         parse_endpoint(endpoint)
 
