@@ -8,6 +8,7 @@ CA, valid for the names or addresses other nodes use to reach it.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from pathlib import Path
 
@@ -68,11 +69,35 @@ def _why(error: OSError) -> str:
 
 
 async def wrap_server_stream(stream: anyio.abc.ByteStream, context: ssl.SSLContext) -> TLSStream:
-    """Run the server side of the TLS handshake over ``stream`` (raises one of
-    :data:`TLS_FAILURES` if the client fails it)."""
-    return await TLSStream.wrap(
-        stream, server_side=True, ssl_context=context, standard_compatible=False
-    )
+    """Run the server side of the TLS handshake over ``stream``; raise one of
+    :data:`TLS_FAILURES` if the client fails it.
+
+    Unlike ``TLSStream.wrap``, a failed handshake still sends the alert OpenSSL wrote (say,
+    "certificate required"), so a refused client learns why at once instead of seeing a bare
+    close it would retry.
+    """
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_side=True)
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            if pending := outgoing.read():
+                await stream.send(pending)
+            try:
+                incoming.write(await stream.receive())
+            except anyio.EndOfStream:
+                incoming.write_eof()
+        except ssl.SSLError:
+            if alert := outgoing.read():
+                with contextlib.suppress(*TLS_FAILURES):
+                    await stream.send(alert)
+            raise
+    if pending := outgoing.read():
+        await stream.send(pending)
+    # TLSStream has no public initializer for a finished handshake; its fields are these.
+    return TLSStream(stream, False, tls, incoming, outgoing)
 
 
 def tls_failure(error: BaseException) -> str:

@@ -16,7 +16,7 @@ from aioelastic.rendezvous import (
     RendezvousParameters,
     get_rendezvous_handler,
 )
-from aioelastic.store import StoreConnectionError, StoreRefusedError, TCPStore
+from aioelastic.store import StoreRefusedError, TCPStore
 from aioelastic.store._credentials import StoreCredentials
 from aioelastic.store._tcp_codec import Op, encode_preamble, encode_request
 from aioelastic.store._tls import client_context, server_context
@@ -29,6 +29,7 @@ class Pki:
     """A throwaway CA and, per node, PEM files under ``directory``."""
 
     def __init__(self, directory: Path, ca: trustme.CA | None = None) -> None:
+        directory.mkdir(exist_ok=True)
         self.directory = directory
         self.ca = ca or trustme.CA()
         self.cacert = directory / "ca.pem"
@@ -66,12 +67,11 @@ async def test_a_client_without_a_certificate_is_refused(pki: Pki) -> None:
     """A client that trusts the CA but presents no certificate is refused, and counted."""
     async with pki.credentials("server").server("127.0.0.1") as server:
         anonymous = client_context(pki.cacert)
-        with pytest.raises(StoreConnectionError, match="certificate"):
-            async with TCPStore("127.0.0.1", server.port, ssl=anonymous, connect_timeout=0.5):
+        with pytest.raises(StoreRefusedError, match="alert certificate required"):
+            async with TCPStore("127.0.0.1", server.port, ssl=anonymous, connect_timeout=30):
                 pass
         stats = server.statistics()
-        assert stats.refused_connections >= 1  # the client retried until connect_timeout
-        assert (stats.requests, stats.connections) == (0, 0)
+        assert (stats.refused_connections, stats.requests, stats.connections) == (1, 0, 0)
 
 
 async def test_a_client_certificate_from_another_ca_is_refused(pki: Pki, tmp_path: Path) -> None:
@@ -81,10 +81,10 @@ async def test_a_client_certificate_from_another_ca_is_refused(pki: Pki, tmp_pat
     cert, key = stranger.node("stranger")
     forged = client_context(pki.cacert, cert, key)
     async with pki.credentials("server").server("127.0.0.1") as server:
-        with pytest.raises(StoreConnectionError, match="certificate"):
-            async with TCPStore("127.0.0.1", server.port, ssl=forged, connect_timeout=0.5):
+        with pytest.raises(StoreRefusedError, match="alert unknown ca"):
+            async with TCPStore("127.0.0.1", server.port, ssl=forged, connect_timeout=30):
                 pass
-        assert server.statistics().requests == 0
+        assert (server.statistics().refused_connections, server.statistics().requests) == (1, 0)
 
 
 async def test_a_server_from_another_ca_is_not_trusted(pki: Pki, tmp_path: Path) -> None:
@@ -185,7 +185,8 @@ async def test_c10d_nodes_with_certificates_form_a_world(pki: Pki) -> None:
 
 
 async def test_c10d_node_without_a_certificate_cannot_join(pki: Pki) -> None:
-    """A node with no TLS configuration cannot reach a TLS rendezvous store."""
+    """A node with no TLS cannot reach a TLS rendezvous store; one whose certificate is from
+    another CA is refused at once, saying why."""
     port = unused_port()
     host = RendezvousParameters("c10d", f"127.0.0.1:{port}", "job", 1, 2, **tls_conf(pki, "a"))
     async with get_rendezvous_handler(host):
@@ -194,6 +195,14 @@ async def test_c10d_node_without_a_certificate_cannot_join(pki: Pki) -> None:
         )
         with pytest.raises(RendezvousConnectionError, match="cannot reach the rendezvous store"):
             async with get_rendezvous_handler(intruder):
+                pass
+        stranger = {**tls_conf(Pki(pki.directory / "stranger"), "x"), "read_timeout": "30"}
+        stranger_node = RendezvousParameters(
+            "c10d", f"127.0.0.1:{port}", "job", 1, 2, is_host="false", **stranger
+        )
+        refused = "refused this node: TLS handshake failed"
+        with pytest.raises(RendezvousConnectionError, match=refused):
+            async with get_rendezvous_handler(stranger_node):
                 pass
 
 
