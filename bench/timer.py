@@ -184,18 +184,7 @@ def expiry_latencies(host: Host, active: int, samples: int) -> list[float]:
         loaded = host.requests() + active - 1
         send(host.path, b"".join(line(anchor.pid, f"bg{i}", later, 0) for i in range(active - 1)))
         host.wait_requests(loaded)
-        latencies = []
-        for _ in range(samples):
-            worker = subprocess.Popen(["sleep", "3600"])
-            pidfd = os.pidfd_open(worker.pid)
-            deadline = time.time() + random.uniform(*ARM_AHEAD)
-            send(host.path, line(worker.pid, "step", deadline, signal.SIGTERM))
-            select.select([pidfd], [], [], 60)
-            latencies.append(time.time() - deadline)
-            os.close(pidfd)
-            worker.kill()
-            worker.wait()
-        return latencies
+        return [time_to_death(host, subprocess.Popen(["sleep", "3600"])) for _ in range(samples)]
     finally:
         anchor.kill()
         anchor.wait()
@@ -216,27 +205,28 @@ def reap_latencies(host: Host, samples: int) -> list[float]:
     """Seconds from deadline to death of ``samples`` Python workers of 8 threads each."""
     from aioelastic.agent._forensics import STACK_SIGNAL
 
+    argv = [sys.executable, "-c", THREADED_WORKER, str(int(STACK_SIGNAL)), os.environ[STACKS_DIR]]
     latencies = []
     for _ in range(samples):
-        argv = [
-            sys.executable,
-            "-c",
-            THREADED_WORKER,
-            str(int(STACK_SIGNAL)),
-            os.environ[STACKS_DIR],
-        ]
         worker = subprocess.Popen(argv, stdout=subprocess.PIPE)
         assert worker.stdout is not None
         assert worker.stdout.readline() == b"ready\n"
-        pidfd = os.pidfd_open(worker.pid)
+        latencies.append(time_to_death(host, worker))
+    return latencies
+
+
+def time_to_death(host: Host, worker: subprocess.Popen[bytes]) -> float:
+    """Arm ``worker``'s timer a moment ahead; seconds from its deadline to its death."""
+    pidfd = os.pidfd_open(worker.pid)
+    try:
         deadline = time.time() + random.uniform(*ARM_AHEAD)
         send(host.path, line(worker.pid, "step", deadline, signal.SIGTERM))
         select.select([pidfd], [], [], 60)
-        latencies.append(time.time() - deadline)
+        return time.time() - deadline
+    finally:
         os.close(pidfd)
         worker.kill()
         worker.wait()
-    return latencies
 
 
 CLIENT = {

@@ -43,6 +43,7 @@ from aioelastic.agent._stacks import (
     parse_py_spy,
     place_of,
 )
+from aioelastic.errors import replace_json
 from aioelastic.store import Store, StoreError
 from aioelastic.timer._stackdump import STACK_DIR_ENV, STACK_SIGNAL_ENV, stack_file
 
@@ -452,9 +453,7 @@ def _write_error_file(error_file: str, report: HangReport, pid: int) -> None:
     }
     try:
         Path(error_file).parent.mkdir(parents=True, exist_ok=True)
-        tmp = f"{error_file}.agent.tmp"
-        Path(tmp).write_text(json.dumps(payload), encoding="utf-8")
-        os.replace(tmp, error_file)
+        replace_json(error_file, payload)
     except OSError as exc:
         logger.warning("cannot write the error file %s: %s", error_file, exc)
 

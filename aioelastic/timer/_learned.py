@@ -75,9 +75,10 @@ def merge(parts: Iterable[Mapping[str, LearnedScope]]) -> dict[str, LearnedScope
     return merged
 
 
-def encode(scopes: Mapping[str, LearnedScope]) -> str:
+def document(scopes: Mapping[str, LearnedScope]) -> dict[str, Any]:
+    """One rank's file, as JSON data."""
     body = {n: {"observations": s.observations, "longest": s.longest} for n, s in scopes.items()}
-    return json.dumps({"version": 1, "scopes": body})
+    return {"version": 1, "scopes": body}
 
 
 def decode(text: str) -> dict[str, LearnedScope]:
@@ -155,13 +156,11 @@ class LearnedTimeouts:
         return dict(self._scopes)
 
     def _save(self, path: Path) -> None:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        try:
+        from aioelastic.errors import replace_json
+
+        with contextlib.suppress(OSError):  # learning goes on in memory; a restart relearns
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(encode(self._scopes), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            pass  # learning goes on in memory; the next restart relearns
+            replace_json(str(path), document(self._scopes))
 
 
 _default: LearnedTimeouts | None = None

@@ -16,9 +16,13 @@ from aioelastic._status import (
     NodeStatus,
     RunStatus,
     format_learned,
+    format_stacks,
     format_status,
     read_status,
 )
+from aioelastic.agent._report import StackRecord
+from aioelastic.agent._stack_requests import RankStack, decode_answer, encode_answer
+from aioelastic.agent._stacks import Place
 from aioelastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._machine import encode_alive
@@ -224,3 +228,30 @@ def test_learned_timeouts_are_a_table_by_scope() -> None:
         "       90.0         30.0      12  step",
     ]
     assert format_learned("n:1", {}) == "node n:1: no learned timeout yet"
+
+
+def test_stack_answers_group_into_one_table() -> None:
+    """`status --stacks`: every node's answer (through the store's JSON) grouped, suspects
+    named, each rank's place and its stack file on its host."""
+    from aioelastic._status import stacks_data
+
+    def rank(number: int, place: Place | None, path: str | None) -> RankStack:
+        record = StackRecord(number, 100 + number, "py-spy" if path else None, path, None)
+        return RankStack(record, place)
+
+    waiting = Place(True, "all_reduce")
+    node0 = encode_answer([rank(0, waiting, "/s/rank0.txt"), rank(1, waiting, "/s/rank1.txt")], "a")
+    node1 = encode_answer([rank(2, Place(False, "data.py:88 load"), "/s/rank2.txt")], "b")
+    data = stacks_data({0: decode_answer(node0), 1: decode_answer(node1)}, silent=[2])
+    assert format_stacks("job", data).splitlines() == [
+        "run 'job' stacks: rank 2 stuck in data.py:88 load; ranks 0 and 1 waiting in all_reduce",
+        "  suspects: 2",
+        "  no answer from node(s): 2",
+        "  rank  node      pid  place / stack file",
+        "     0     0      100  waiting in all_reduce",
+        "                       a:/s/rank0.txt",
+        "     1     0      101  waiting in all_reduce",
+        "                       a:/s/rank1.txt",
+        "     2     1      102  stuck in data.py:88 load",
+        "                       b:/s/rank2.txt",
+    ]
