@@ -9,8 +9,9 @@ heartbeat), the links (hello, entered, trouble) and the machine's own deadline. 
 ends when the machine finishes (every member exited 0) or falls back (then the agent restarts
 the group, costing a restart, exactly as ``--recovery restart`` would).
 
-Each generation gets its own store: a torch ``FileStore`` file in the agent's private
-directory, so ``init_process_group`` needs no port and two generations never share keys.
+Each generation gets its own store: a prefix of a store the attempt serves on loopback in
+torch's ``TCPStore`` protocol (:class:`~aioelastic.store.TorchStoreListener`), so no worker
+binds a port, no worker's death takes the store away, and two generations never share keys.
 A worker that asks nothing of the API is an ordinary worker: see the machine's WAITING phase.
 """
 
@@ -24,7 +25,6 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -47,7 +47,7 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._group import Outcome, WorkerGroup, _Worker
 from aioelastic.agent._spec import WorkerSpec
-from aioelastic.store import Store, StoreError
+from aioelastic.store import MemoryStore, Store, StoreError, TorchStoreListener
 from aioelastic.worker._protocol import (
     WORKER_FD_ENV,
     Enter,
@@ -125,11 +125,13 @@ class InPlaceGroup(WorkerGroup):
         self._linked: dict[g.WorkerKey, _Linked] = {}
         self._verdicts: dict[g.WorkerKey, tuple[int, float]] = {}
         self._failed_at: dict[g.WorkerKey, float] = {}
-        self._store_dir = Path(self._private_dir, f"worlds-{self.info.restart_count}")
-        self._store_dir.mkdir(exist_ok=True)
         self._tell, self._heard = anyio.create_memory_object_stream[_Notice](math.inf)
         self._reports: list[AgentEvent] = []
         self._troubled: dict[int, set[g.WorkerKey]] = {}
+        self._condemned: dict[int, set[g.WorkerKey]] = {}
+        """By generation: the members told their error is their own (they are failing)."""
+        self._asked_at: dict[g.WorkerKey, float] = {}
+        self._later: list[g.Spawn] = []
         self._shown = anyio.Event()
 
     async def run(
@@ -141,8 +143,9 @@ class InPlaceGroup(WorkerGroup):
     ) -> tuple[Outcome, str]:
         self._setup()
         try:
-            with self._tell, self._heard:
-                return await super().run(other, shutdown=shutdown, kill_now=kill_now)
+            async with TorchStoreListener(MemoryStore()) as self._worlds_store:
+                with self._tell, self._heard:
+                    return await super().run(other, shutdown=shutdown, kill_now=kill_now)
         finally:
             for linked in self._linked.values():
                 linked.link.close()
@@ -222,6 +225,7 @@ class InPlaceGroup(WorkerGroup):
                 current = self.machine.generation
                 if current is not None and current.number == number:
                     self._verdicts[linked.key] = (number, now + VERDICT_GRACE)
+                    self._asked_at[linked.key] = now
                     self._troubled.setdefault(number, set()).add(linked.key)
                 return []
             case other:
@@ -244,8 +248,10 @@ class InPlaceGroup(WorkerGroup):
         return self.machine.send(g.Exited(linked.key, code), now)
 
     def _give_verdicts(self, now: float) -> None:
-        """Answer the workers whose grace passed: evict the likely hung peers (their deaths
-        end the world, which answers everyone), or tell them their world is still valid."""
+        """Answer the workers whose grace passed: wait on while a peer told "still valid" is
+        failing (its exit breaks the others' collectives before the agent sees it), evict the
+        likely hung peers (their deaths end the world, which answers everyone), or tell them
+        their world is still valid (the error is their own)."""
         current = self.machine.generation
         for key, (number, due) in list(self._verdicts.items()):
             if due > now or key not in self._verdicts:
@@ -254,8 +260,14 @@ class InPlaceGroup(WorkerGroup):
             if current is None or current.number != number:
                 continue
             alive = [k for k in current.members if self.machine.state_of(k) is g.WorkerState.MEMBER]
-            evict = g.suspects(alive, self._troubled.get(number, set()))
+            failing = self._condemned.setdefault(number, set())
+            waited = now - self._asked_at.get(key, now)
+            if (failing & set(alive)) - {key} and waited < self.spec.recovery_timeout:
+                self._verdicts[key] = (number, now + VERDICT_GRACE)
+                continue
+            evict = g.suspects(alive, self._troubled.get(number, set()) - failing)
             if not evict:
+                failing.add(key)
                 self._send(key, StillValid(number))
                 continue
             for other in [k for k, (n, _) in self._verdicts.items() if n == number]:
@@ -278,12 +290,15 @@ class InPlaceGroup(WorkerGroup):
 
     def _apply(self, commands: list[g.Command]) -> tuple[Outcome, str] | None:
         """Do what the machine said: tell the workers first, then start processes, then
-        report (a new spare's start must not delay the survivors' new world)."""
+        report. A new spare starts once the generation formed: starting a process holds this
+        loop, which also serves the world's store, for tens of milliseconds on a busy host."""
         urgent = [c for c in commands if isinstance(c, g.Assign | g.EndWorld | g.Stop)]
         spawns = [c for c in commands if isinstance(c, g.Spawn)]
         rest = [c for c in commands if not isinstance(c, g.Assign | g.EndWorld | g.Stop | g.Spawn)]
         for command in [*urgent, *spawns, *rest]:
             match command:
+                case g.Spawn(slot=None) if self.machine.phase is g.Phase.FORMING:
+                    self._later.append(command)  # a new spare waits until the world formed
                 case g.Spawn():
                     self._spawn_linked(command.worker, command.slot)
                 case g.Assign():
@@ -311,6 +326,9 @@ class InPlaceGroup(WorkerGroup):
                         )
                     )
                 case g.GenerationFormed():
+                    later, self._later = self._later, []
+                    for spawn in later:
+                        self._spawn_linked(spawn.worker, spawn.slot)
                     generation = command.generation
                     self._emit(
                         GenerationFormed(
@@ -338,7 +356,12 @@ class InPlaceGroup(WorkerGroup):
             is_fresh=place.is_fresh,
             source_rank=place.source_rank,
             fresh_ranks=place.fresh_ranks,
-            store={"kind": "file", "path": str(self._store_dir / f"gen{place.generation}")},
+            store={
+                "kind": "tcp",
+                "host": self._worlds_store.host,
+                "port": self._worlds_store.port,
+                "prefix": f"aioelastic/{self.info.restart_count}/gen{place.generation}/",
+            },
             timeout=self.spec.recovery_timeout / 2,
         )
 

@@ -269,6 +269,9 @@ def _world_from_env() -> World:
     return World(assigned, None)
 
 
+_TORCH_CLIENTS: dict[tuple[str, int], Any] = {}
+
+
 def _open_store(spec: dict[str, Any], world: World) -> Any:
     try:
         dist: Any = importlib.import_module("torch.distributed")
@@ -281,9 +284,11 @@ def _open_store(spec: dict[str, Any], world: World) -> Any:
     if kind == "file":
         return dist.FileStore(str(spec["path"]), -1)
     if kind == "tcp":
-        base = dist.TCPStore(
-            str(spec["host"]), int(spec["port"]), is_master=False, timeout=world.timeout
-        )
+        address = (str(spec["host"]), int(spec["port"]))
+        base = _TORCH_CLIENTS.get(address)
+        if base is None:  # one connection per process, kept across generations
+            base = dist.TCPStore(*address, is_master=False, timeout=world.timeout)
+            _TORCH_CLIENTS[address] = base
         return dist.PrefixStore(str(spec.get("prefix", prefix)), base)
     if kind == "env":
         base = dist.TCPStore(
