@@ -285,19 +285,29 @@ async def test_reap_core_dump_writes_a_core_beside_the_stacks(tmp_path: Path) ->
 async def test_torch_job_report_names_the_sleeping_rank_and_the_ranks_in_all_reduce(
     tmp_path: Path, py_spy: str
 ) -> None:
-    """The example: in a gloo job rank 2 sleeps inside the step while ranks 0 and 1 block in
-    all_reduce; the failure report names rank 2 and its frame, the others as waiting."""
-    argv = ["--standalone", "--nproc-per-node", "3", "--log-dir", str(tmp_path), str(EXAMPLE)]
+    """The example on two nodes (two agents over c10d, 2 + 1 gloo ranks): rank 2 sleeps inside
+    the step while ranks 0 and 1 block in all_reduce; both nodes' failure reports name rank 2
+    and its frame, and the others, on whichever node, as waiting in the collective."""
+    port = free_port()
+    common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    common += ["--rdzv-id", "gloo"]
     with anyio.fail_after(BOUND * 3):
-        async with launched(*argv) as run:
-            status = await run.wait()
+        async with (
+            launched(
+                *common, "--nproc-per-node", "2", "--log-dir", str(tmp_path / "a"), str(EXAMPLE)
+            ) as one,
+            launched(
+                *common, "--nproc-per-node", "1", "--log-dir", str(tmp_path / "b"), str(EXAMPLE)
+            ) as two,
+        ):
+            statuses = [await one.wait(), await two.wait()]
     stuck = f"hang_forensics.py:{line_of('time.sleep(3600)', EXAMPLE)} load_batch"
-    assert status == 1, run
-    assert f"  hang      : rank 2 stuck in {stuck}; ranks 0 and 1 waiting in all_reduce" in (
-        run.err.text
-    )
-    assert "  suspects  : 2 (stacks in " in run.err.text
-    assert f"watchdog: stacks before the reap: rank 2 stuck in {stuck}" in run.err.text
+    assert statuses == [1, 1], (one, two)
+    for run in (one, two):
+        assert f"  hang      : rank 2 stuck in {stuck}; ranks 0 and 1 waiting in all_reduce" in (
+            run.err.text
+        ), run
+        assert "  suspects  : 2 (stacks in " in run.err.text
 
 
 async def test_other_nodes_answer_with_their_ranks_stacks(tmp_path: Path) -> None:
