@@ -64,6 +64,7 @@ from aioelastic.agent._recovery import Attempts
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.agent._timeouts import agent_timeouts, check_timeouts
+from aioelastic.agent._worker_store import WorkerStore
 from aioelastic.rendezvous import (
     InvalidationReason,
     RendezvousClosedError,
@@ -135,6 +136,7 @@ class ElasticAgent(Service):
         self._stack_capture: Forensics | None = None
         self._temporary_stacks: Callable[[int], Path] | None = None
         self._round_store: Store | None = None
+        self._worker_store: WorkerStore | None = None
         self._private_dir = ""
         self._log_dir: Path | None = None
         self._rounds = 0
@@ -219,6 +221,10 @@ class ElasticAgent(Service):
                 if self._shutdown_signals:
                     await tg.start(self._watch_signals)
                 await self._start_watchdog(tg)
+                self._worker_store = WorkerStore(
+                    self.spec.rdzv_handler, expose=self.spec.torch_store == "expose"
+                )
+                await tg.start(self._worker_store.serve)
                 task_status.started()
                 with anyio.CancelScope() as self._main_scope:
                     if self._stop_signal is None:
@@ -364,7 +370,9 @@ class ElasticAgent(Service):
                 continue
             round_info, ranks = assigned
             self._round_store = info.store
-            group, outcome, detail = await self._run_attempt(round_info, ranks)
+            assert self._worker_store is not None
+            async with self._worker_store.attempt(info, round_info) as round_info:
+                group, outcome, detail = await self._run_attempt(round_info, ranks)
             if outcome is Outcome.SUCCEEDED:
                 await self._exit_barrier(info)
                 return self._result(RunState.SUCCEEDED, group, reason=detail)

@@ -351,6 +351,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             help=f"copy tee'd {stream} lines containing any of these comma-separated strings "
             f"(,, for a comma) to filtered_{stream}.log in the attempt's log directory",
         )
+    flag(
+        "--expose-torch-store",
+        help="torchrun's store arrangement: the hosting agent serves torch's store protocol on "
+        "the network and workers get its address (static: exactly --master-addr/--master-port); "
+        "anyone who reaches that port can read and write every key. Default: each agent serves "
+        "its own workers on 127.0.0.1",
+    )
     add("training_script", metavar="TRAINING_SCRIPT", help="the worker program")
     add("training_script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
     parser.set_defaults(handler=run_command, pet_names=frozenset(pet_names))

@@ -75,6 +75,7 @@ class LaunchConfig:
     virtual_local_rank: bool = False
     numa_binding: str | None = None
     event_log_handler: str = "null"
+    expose_torch_store: bool = False
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -214,6 +215,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         virtual_local_rank=args.virtual_local_rank,
         numa_binding=args.numa_binding,
         event_log_handler=args.event_log_handler,
+        expose_torch_store=args.expose_torch_store,
     )
 
 
@@ -497,6 +499,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         recovery_timeout=config.recovery_timeout,
                         virtual_local_rank=config.virtual_local_rank,
                         numa_binding=config.numa_binding,
+                        torch_store="expose" if config.expose_torch_store else "loopback",
                     )
                     router.agent = ElasticAgent(
                         spec,

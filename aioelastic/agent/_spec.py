@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from aioelastic.rendezvous import RendezvousHandler
 
 RECOVERY_MODES = ("restart", "in-place")
+TORCH_STORE_MODES = ("loopback", "expose")
 """What a worker's failure costs: a restart of the group, or only that worker's replacement."""
 
 DEFAULT_LINE_PREFIX = "[${rank}]: "
@@ -151,6 +152,9 @@ class WorkerSpec:
     recovery: str = "restart"
     spares: int = 0
     recovery_timeout: float = 60.0
+    torch_store: str = "loopback"
+    """Where workers find torch's store: ``loopback`` (each agent serves its own workers) or
+    ``expose`` (torchrun's arrangement: the hosting agent serves it on the network)."""
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERY_MODES:
@@ -163,6 +167,8 @@ class WorkerSpec:
             raise WorkerSpecError(
                 "recovery_timeout", self.recovery_timeout, "must be a positive number of seconds"
             )
+        if self.torch_store not in TORCH_STORE_MODES:
+            raise WorkerSpecError("torch_store", self.torch_store, "must be 'loopback' or 'expose'")
         if not self.entrypoint:
             raise WorkerSpecError("entrypoint", self.entrypoint, "name the program to run")
         if self.local_world_size < 1:

@@ -85,6 +85,16 @@ class StaticRendezvousHandler(RendezvousHandler):
             invalidated=self._invalidated,
         )
 
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        """The host and port of the job's store (rank 0 serves it)."""
+        return self._host, self._port
+
+    @property
+    def secured(self) -> bool:
+        """Whether the job's store asks clients for a token or TLS (torch's clients have none)."""
+        return self._credentials.token is not None or self._credentials.server_tls is not None
+
     def get_backend(self) -> str:
         return "static"
 

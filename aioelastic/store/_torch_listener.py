@@ -53,6 +53,14 @@ class TorchStoreListener(Service):
         """The store the torch clients read and write."""
         return self.service.store
 
+    def use_store(self, store: Store) -> None:
+        """Serve ``store`` (and fresh queues) to the connections opened from now on.
+
+        Connections already open keep the store they started with, so a client of an earlier
+        attempt never writes into the next one's keys.
+        """
+        self.service.use_store(store)
+
     @property
     def port(self) -> int:
         """The bound port; raises ``RuntimeError`` before the listener listens."""

@@ -156,6 +156,11 @@ class TorchService:
         self._waiting = 0
         self._dropped = 0
 
+    def use_store(self, store: Store) -> None:
+        """Serve ``store``, with empty queues, to the sessions created from now on."""
+        self.store = store
+        self.queues = TorchQueues()
+
     def statistics(self) -> TorchServiceStatistics:
         """Return a snapshot of the connection and request counters."""
         return TorchServiceStatistics(
@@ -192,6 +197,7 @@ class TorchSession:
         service._connections_total += 1
         self.service = service
         self.store = service.store
+        self.queues = service.queues
         self.peer = peer
         self.send = send
         self.hangup = hangup
@@ -341,7 +347,7 @@ class TorchSession:
 
     async def _present(self, keys: Sequence[str]) -> bool:
         """Whether every key exists, as a key or as a non-empty queue (torch's CHECK)."""
-        queues = self.service.queues
+        queues = self.queues
         missing = [key for key in keys if not queues.nonempty(key)]
         return not missing or await self.store.check(missing)
 
@@ -369,7 +375,7 @@ class TorchSession:
 
     async def _wait_present(self, keys: list[str]) -> None:
         """Return once every key exists as a key or a non-empty queue; no polling."""
-        queues = self.service.queues
+        queues = self.queues
         while True:
             missing = [key for key in keys if not queues.nonempty(key)]
             pushed = queues.watch(missing)  # before the check, so no push slips between
@@ -414,15 +420,15 @@ class TorchSession:
 
     async def _queue_push(self, request: TorchRequest) -> None:
         key, value = request.fields
-        self.service.queues.push(store_key(key), value)  # type: ignore[arg-type]
+        self.queues.push(store_key(key), value)  # type: ignore[arg-type]
 
     async def _queue_pop(self, request: TorchRequest) -> bytes:
         (key,) = request.fields
-        return encode_queue_pop(*self.service.queues.pop(store_key(key)))  # type: ignore[arg-type]
+        return encode_queue_pop(*self.queues.pop(store_key(key)))  # type: ignore[arg-type]
 
     async def _queue_len(self, request: TorchRequest) -> bytes:
         (key,) = request.fields
-        return encode_i64(self.service.queues.length(store_key(key)))  # type: ignore[arg-type]
+        return encode_i64(self.queues.length(store_key(key)))  # type: ignore[arg-type]
 
     async def _list_keys(self, request: TorchRequest) -> bytes:
         snapshot = await self.store.get_prefix("")

@@ -127,10 +127,10 @@ async def test_workers_get_torch_environment(handler: Any, tmp_path: Path) -> No
         assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
         assert env["TORCHELASTIC_MAX_RESTARTS"] == "0"
         assert env["TORCHELASTIC_RUN_ID"] == handler.get_run_id()
-        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # the agent's loopback store
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
         assert env["OMP_NUM_THREADS"] == "1"
-        assert env["MASTER_ADDR"]
+        assert env["MASTER_ADDR"] == "127.0.0.1"
         assert int(env["MASTER_PORT"]) > 0
         assert env["TORCHELASTIC_ERROR_FILE"].endswith(f"-{env['LOCAL_RANK']}.json")
         assert Path(env["TORCHELASTIC_TIMER_FILE"]).name == "watchdog"
