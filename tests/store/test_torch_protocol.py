@@ -7,7 +7,9 @@ hold the GIL while they block, which would stall a server in the same process.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 
 import anyio
 import pytest
@@ -388,3 +390,15 @@ def test_listener_refuses_a_network_address_unless_exposed() -> None:
     with pytest.raises(ValueError, match=r"refusing to serve torch's store protocol on 0\.0\.0\.0"):
         TorchStoreListener(MemoryStore(), "0.0.0.0")
     assert TorchStoreListener(MemoryStore(), "0.0.0.0", expose=True).host == "0.0.0.0"
+
+
+async def test_the_torch_clients_example_runs() -> None:
+    """examples/store_torch_clients.py: torch and our client share one port and one keyspace."""
+    example = Path(__file__).parents[2] / "examples" / "store_torch_clients.py"
+    with anyio.fail_after(120):
+        done = await anyio.run_process([sys.executable, str(example)])
+    assert done.stdout.decode().splitlines() == [
+        "torch read b'hello'",
+        "ours read b'hello'",
+        "counter 3",
+    ]
