@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.agent.conftest import BOUND, TORCHRUN, WORKER, launched, on_terminal
+from tests.agent.conftest import BOUND, TORCHRUN, WORKER, Launched, launched, on_terminal
 
 pytestmark = pytest.mark.anyio
 
@@ -43,17 +43,26 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
+async def preempt(
+    launcher: Sequence[str] | None, out: Path, signum: signal.Signals
+) -> tuple[Launched, int]:
+    """Start two preemptible workers (checkpoints in ``out``), signal the launcher once both
+    train, and return the run with its exit status."""
+    argv = ["--standalone", "--nproc-per-node", "2", str(EXAMPLES / "agent_preemption.py")]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, str(out), launcher=launcher) as run:
+            await run.out.wait_for("training", count=2)
+            run.send_signal(signum)
+            status = await run.wait()
+    return run, status
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 async def test_sigterm_lets_every_worker_print_and_save_its_checkpoint(
     launcher: Sequence[str] | None, tmp_path: Path
 ) -> None:
     """SIGTERM to the launcher: both workers' handlers print, save a checkpoint, and exit."""
-    argv = ["--standalone", "--nproc-per-node", "2", str(EXAMPLES / "agent_preemption.py")]
-    with anyio.fail_after(BOUND):
-        async with launched(*argv, str(tmp_path), launcher=launcher) as run:
-            await run.out.wait_for("training", count=2)
-            run.send_signal(signal.SIGTERM)
-            status = await run.wait()
+    run, status = await preempt(launcher, tmp_path, signal.SIGTERM)
     assert sorted(os.listdir(tmp_path)) == ["rank-0.ckpt", "rank-1.ckpt"], run
     for rank in range(2):
         assert f"rank {rank}: SIGTERM, saving a checkpoint" in run.out.text
@@ -67,12 +76,7 @@ async def test_sigint_shows_the_workers_keyboard_interrupt(
     launcher: Sequence[str] | None, tmp_path: Path
 ) -> None:
     """SIGINT to the launcher reaches the workers; their KeyboardInterrupt tracebacks show."""
-    argv = ["--standalone", "--nproc-per-node", "2", str(EXAMPLES / "agent_preemption.py")]
-    with anyio.fail_after(BOUND):
-        async with launched(*argv, str(tmp_path), launcher=launcher) as run:
-            await run.out.wait_for("training", count=2)
-            run.send_signal(signal.SIGINT)
-            status = await run.wait()
+    run, status = await preempt(launcher, tmp_path, signal.SIGINT)
     assert run.err.text.count("KeyboardInterrupt") >= 2, run
     if launcher is None:
         assert status == 128 + signal.SIGINT, run
