@@ -41,6 +41,7 @@ from typing import Self, cast
 import anyio
 import anyio.abc
 
+from aioelastic._loops import on_asyncio
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._auth import check_proof, new_nonce, proof
 from aioelastic.store._errors import (
@@ -66,7 +67,6 @@ from aioelastic.store._tcp_codec import (
     encode_preamble,
     encode_request,
 )
-from aioelastic.store._tcp_server import on_asyncio
 from aioelastic.store._tls import tls_failure
 
 log = logging.getLogger("aioelastic.store.tcp")

@@ -34,6 +34,7 @@ import anyio.abc
 from anyio.abc import SocketAttribute
 
 from aioelastic._clock import Clock
+from aioelastic._loops import on_asyncio
 from aioelastic._service import Service
 from aioelastic.store._auth import NONCE_SIZE, TOKEN_FILE_ENV, check_proof, new_nonce, proof
 from aioelastic.store._errors import (
@@ -334,15 +335,6 @@ def _peer_name(address: object) -> str:
     if isinstance(address, tuple) and len(address) >= 2:
         return f"{address[0]}:{address[1]}"
     return "unknown peer" if address is None else str(address)
-
-
-def on_asyncio() -> bool:
-    """Return whether the running event loop is asyncio's (stock or uvloop)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 class _AsyncioConnection(asyncio.Protocol):

@@ -114,6 +114,11 @@ def decode_line(line: bytes) -> TimerRequest | Rejection:
         return Rejection(RejectReason.INVALID_JSON, f"{exc}: {_snippet(line)}")
     except RecursionError:
         return Rejection(RejectReason.INVALID_JSON, f"nested too deeply: {_snippet(line)}")
+    return _request_from(obj, line)
+
+
+def _request_from(obj: object, line: bytes) -> TimerRequest | Rejection:
+    """The request a decoded line holds, or why it holds none."""
     if type(obj) is dict:
         # Fast path for a well-formed line; anything else gets the detailed checks below.
         pid, scope_id, signal = obj.get("pid"), obj.get("scope_id"), obj.get("signal")
@@ -130,6 +135,20 @@ def decode_line(line: bytes) -> TimerRequest | Rejection:
         ):
             return TimerRequest(pid, scope_id, float(expiration), signal)
     return _diagnose(obj, line)
+
+
+def _decode_batch(lines: list[bytes]) -> list[object] | None:
+    """Decode lines that each look like one JSON object with one parser call (a burst of
+    requests costs one C-level parse, not a Python call per line); None if any line does
+    not, or the batch does not split back into one value per line: decode them one by one."""
+    for line in lines:
+        if line[:1] != b"{" or line[-1:] != b"}" or len(line) >= PIPE_BUF:
+            return None
+    try:
+        values = json.loads(b"[" + b",".join(lines) + b"]")
+    except (ValueError, RecursionError):
+        return None
+    return values if len(values) == len(lines) else None
 
 
 def _diagnose(obj: object, line: bytes) -> Rejection:
@@ -168,15 +187,17 @@ class LineDecoder:
 
     def feed(self, data: bytes) -> list[TimerRequest | Rejection]:
         """Decode every complete line in ``data`` (after what was buffered)."""
-        out: list[TimerRequest | Rejection] = []
         lines = (self._tail + data).split(b"\n") if self._tail else data.split(b"\n")
         tail = lines.pop()
-        for line in lines:
-            if self._skipping:
-                self._skipping = False
-                continue
-            if line.strip():
-                out.append(decode_line(line))
+        if self._skipping and lines:
+            self._skipping = False
+            del lines[0]
+        lines = [line for line in lines if line.strip()]
+        values = _decode_batch(lines) if len(lines) > 1 else None
+        if values is not None:
+            out = [_request_from(value, line) for value, line in zip(values, lines, strict=True)]
+        else:
+            out = [decode_line(line) for line in lines]
         if self._skipping:
             tail = b""
         elif len(tail) >= PIPE_BUF:

@@ -128,6 +128,9 @@ class TimerServerBase(Service):
     async def _serve_requests(self) -> None:
         """Read requests from the source and ``_apply`` them, forever."""
 
+    def _before_expiry(self) -> None:
+        """Apply requests already sent but not read yet (a release just before its deadline)."""
+
     @abc.abstractmethod
     def _close_source(self) -> None:
         """Release what ``_open_source`` acquired."""
@@ -221,6 +224,7 @@ class TimerServerBase(Service):
                 else:
                     await self._clock.sleep_until(deadline)
             self._sleep_scope = None
+            self._before_expiry()
             self._expire_due(self._clock.now())
 
     def _expire_due(self, now: float) -> None:

@@ -203,6 +203,29 @@ async def test_valid_timers_are_left_alone(
     assert [e.pid for e in recorder.of(TimerExpired)] == [doomed.pid]
 
 
+async def test_a_release_sent_before_the_deadline_is_honoured_at_the_deadline(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
+) -> None:
+    """A release still unread in the FIFO when the deadline comes is applied first: no reap."""
+    worker = spawn()
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        arm(fifo, worker.pid, "a", wall() + 10)
+        await recorder.wait_count(TimerAcquired, 1)
+        arm(fifo, worker.pid, "a", -1)  # written, and the deadline passes, before any read
+        clock.advance(50)
+        await recorder.wait_count(TimerReleased, 1)
+        await anyio.wait_all_tasks_blocked()
+        assert (server.statistics().expired, server.statistics().active_timers) == (0, 0)
+        assert worker.poll() is None
+
+
+@pytest.mark.parametrize("coalesce", [-0.001, float("nan")])
+def test_a_negative_coalescing_window_is_refused(fifo: str, coalesce: float) -> None:
+    """``coalesce`` is a duration: below zero (or NaN) is a configuration error."""
+    with pytest.raises(TimerConfigError, match="coalesce must be >= 0 seconds"):
+        FileTimerServer(fifo, coalesce=coalesce)
+
+
 async def test_reaping_drops_the_processes_other_timers(
     fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
 ) -> None:
