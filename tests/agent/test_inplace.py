@@ -14,7 +14,7 @@ import pytest
 
 from aioelastic._cli_status import fetch_status
 from aioelastic._status import format_status
-from tests.agent.conftest import BOUND, WORKER, free_port, launched
+from tests.agent.conftest import BOUND, WORKER, free_port, launched, wait_gone
 
 pytestmark = pytest.mark.anyio
 
@@ -209,3 +209,19 @@ async def test_status_shows_the_generation_and_the_spares(tmp_path: Path) -> Non
     assert f"generation 1 (running), world size 2, pids {' '.join(map(str, world.pids))}; " in (
         format_status(status)
     )
+
+
+async def test_sigterm_stops_the_workers_and_the_spare(tmp_path: Path) -> None:
+    """A shutdown signal under in-place recovery stops every worker and spare, status 143."""
+    argv = [*IN_PLACE, "--nproc-per-node", "2", "--spares", "1"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, PLAIN_WORKER, "--exit-when", str(tmp_path / "never")) as run:
+            await run.out.wait_for("asking pid", count=3)
+            await run.out.wait_for("gen 1 rank", count=2)
+            run.send_signal(signal.SIGTERM)
+            status = await run.wait()
+        pids = [int(p) for p in re.findall(r"asking pid (\d+)", run.out.text)]
+        for pid in pids:
+            await wait_gone(pid)
+    assert status == 128 + signal.SIGTERM, run
+    assert len(pids) == 3
