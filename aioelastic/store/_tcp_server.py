@@ -47,6 +47,7 @@ from aioelastic.store._memory import MemoryStore
 from aioelastic.store._peers import OncePerPeer
 from aioelastic.store._tcp_codec import (
     DEFAULT_MAX_FRAME_SIZE,
+    PREAMBLE,
     PREAMBLE_SIZE,
     VERSION,
     FrameReader,
@@ -57,7 +58,7 @@ from aioelastic.store._tcp_codec import (
     decode_request,
     encode_reply,
 )
-from aioelastic.store._tls import TLS_FAILURES, tls_failure, wrap_server_stream
+from aioelastic.store._tls import TLS_FAILURES, NotTLSError, tls_failure, wrap_server_stream
 from aioelastic.store._torch_codec import looks_like_torch
 from aioelastic.store._torch_session import TorchService, TorchSession
 
@@ -288,7 +289,9 @@ class TCPStoreServer(Service):
                         try:
                             channel = await wrap_server_stream(stream, self.ssl)
                         except TLS_FAILURES as error:
-                            session.refuse_tls(error)
+                            refusal = session.refuse_tls(error)
+                            if isinstance(error, NotTLSError) and error.first.startswith(PREAMBLE):
+                                await stream.send(refusal)  # our client, without TLS: say so
                             return
                     while session.phase is not _Phase.OPEN:
                         if not await self._exchange(channel, session, send):
@@ -481,9 +484,10 @@ class _Session:
         self.report(f"{reason}; closing the connection")
         self.closing = True
 
-    def refuse_tls(self, error: BaseException) -> None:
-        """The TLS handshake failed: count and report the refusal (nothing was read)."""
-        self._refuse(f"TLS handshake failed: {tls_failure(error)}")
+    def refuse_tls(self, error: BaseException) -> bytes:
+        """The TLS handshake failed: count and report the refusal (no request was read);
+        return the ``REFUSED`` reply, for a client that speaks in clear."""
+        return self._refuse(f"TLS handshake failed: {tls_failure(error)}")
 
     def _refuse(self, reason: str) -> bytes:
         self.server._refused += 1

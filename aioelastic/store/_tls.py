@@ -18,8 +18,19 @@ from anyio.streams.tls import TLSStream
 
 PathLike = str | Path
 
-TLS_FAILURES = (OSError, anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError)
+
+class NotTLSError(Exception):
+    """The client's first bytes are not a TLS handshake (it speaks in clear)."""
+
+    def __init__(self, first: bytes) -> None:
+        super().__init__("the client did not start a TLS handshake")
+        self.first = first
+
+
+TLS_FAILURES = (OSError, anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, NotTLSError)
 """What a failed TLS handshake raises (``ssl.SSLError`` is an ``OSError``)."""
+
+_TLS_HANDSHAKE_RECORD = 0x16
 
 
 def server_context(cacert: PathLike, cert: PathLike, key: PathLike) -> ssl.SSLContext:
@@ -74,10 +85,15 @@ async def wrap_server_stream(stream: anyio.abc.ByteStream, context: ssl.SSLConte
 
     Unlike ``TLSStream.wrap``, a failed handshake still sends the alert OpenSSL wrote (say,
     "certificate required"), so a refused client learns why at once instead of seeing a bare
-    close it would retry.
+    close it would retry. A client that does not start TLS at all raises :class:`NotTLSError`
+    with its first bytes, so the server can answer it in clear.
     """
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = context.wrap_bio(incoming, outgoing, server_side=True)
+    first = await stream.receive()
+    if first[0] != _TLS_HANDSHAKE_RECORD:
+        raise NotTLSError(first)
+    incoming.write(first)
     while True:
         try:
             tls.do_handshake()
@@ -109,6 +125,8 @@ def tls_failure(error: BaseException) -> str:
         return str(cause.reason or cause).lower().replace("_", " ")
     if isinstance(cause, anyio.EndOfStream | ConnectionError):
         return "the peer closed the connection during the handshake"
+    if isinstance(cause, NotTLSError):
+        return "the client speaks in clear; give it the job's cacert, cert and key"
     if isinstance(cause, TimeoutError):
         return "no TLS handshake in time"
     return f"{type(cause).__name__}: {cause}" if cause is not None else type(error).__name__

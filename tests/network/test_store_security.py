@@ -1,13 +1,16 @@
 """Intruders on another host cannot join, close or read a secured job; its round goes on.
 
 Three hosts: ``a`` hosts the c10d store of a two-node job, ``b`` is its second node, ``c``
-is the intruder. Every intrusion comes from ``c`` over the network, while ``a`` waits for the
-round; then ``b`` joins and the round completes with exactly the two of them, not closed.
+is the intruder. Every intrusion comes from ``c`` over the network: against a token, while
+``a`` waits for the round, then ``b`` joins and the round completes with exactly the two of
+them, not closed; against token and TLS, under two real ``aioelastic run`` agents.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +21,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from aioelastic.testing import Host, Network
+from tests.network._job import Collector, Job
 from tests.reliability.test_store_tls import Pki
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("netns")]
@@ -94,29 +98,45 @@ async def test_token_job_refuses_intruders_from_another_host_and_forms_its_world
     assert joined == ["joined rank 0 of 2 closed False", "joined rank 1 of 2 closed False"]
 
 
-async def test_tls_job_refuses_clients_without_a_certificate_and_forms_its_world(
+async def test_aioelastic_run_on_two_hosts_with_token_and_tls_keeps_a_third_out(
     tmp_path: Path,
 ) -> None:
-    """Where TLS is on, a client without a certificate or speaking plain TCP gets nothing."""
-    pki = Pki(tmp_path)
-    async with Network(3) as net:
-        a, b, c = net.hosts
-
-        def conf(node: Host) -> list[str]:
-            cert, key = pki.node(f"node{node.index}", node.addr)
-            return [f"cacert={pki.cacert}", f"cert={cert}", f"key={key}"]
-
-        endpoint = f"{a.addr}:{PORT}"
-        async with job_node(a, endpoint, "true", *conf(a)) as first:
-            assert await line(first) == "listening"
+    """Two `aioelastic run` agents with the token and certificates form a world. From a third
+    host, a client without a certificate, one in clear, garbage and an agent with neither
+    token nor certificate are all refused, and the world stays the same two, same round."""
+    workdir = Path(tempfile.mkdtemp(prefix="aioe-"))  # a UNIX socket path must be short
+    pki, token = Pki(tmp_path), tmp_path / "token"
+    token.write_text("the-job-token-" + "9" * 40)
+    token.chmod(0o600)
+    collector = Collector(workdir / "records.sock")
+    try:
+        async with Network(3) as net, anyio.create_task_group() as tg:
+            a, b, c = net.hosts
+            await tg.start(collector.serve)
+            job = Job(net, workdir, collector)
+            endpoint = f"{a.addr}:{PORT}"
+            for host in (a, b):
+                cert, key = pki.node(f"node{host.index}", host.addr)
+                conf = f"token_file={token},cacert={pki.cacert},cert={cert},key={key}"
+                await job.start(tg, [host], backend="c10d", endpoint=endpoint, conf=conf,
+                                nnodes="2:3")  # fmt: skip
+            world = await collector.wait_for(lambda: collector.world([a, b]))
             no_cert = await run(c, "attack", endpoint, "no-cert", str(pki.cacert))
-            plain = await run(c, "attack", endpoint, "no-token")
-            garbage = await run(c, "attack", endpoint, "garbage")
             assert no_cert.startswith("refused")
             assert "alert certificate required" in no_cert
-            assert plain.startswith("closed")
-            assert garbage.startswith("closed")
-            async with job_node(b, endpoint, "false", *conf(b)) as second:
-                assert await line(second) == "listening"
-                joined = sorted([await line(first), await line(second)])
-    assert joined == ["joined rank 0 of 2 closed False", "joined rank 1 of 2 closed False"]
+            plain = await run(c, "attack", endpoint, "no-token")
+            assert plain.startswith("refused")
+            assert "speaks in clear" in plain
+            assert (await run(c, "attack", endpoint, "garbage")).startswith("closed")
+            await job.start(tg, [c], backend="c10d", endpoint=endpoint, conf="read_timeout=5",
+                            nnodes="2:3")  # fmt: skip
+            intruder = job.agent(c)
+            with anyio.fail_after(BOUND):
+                assert await intruder.process.wait() != 0
+            assert "refused this node" in intruder.console
+            assert collector.world([a, b]) == world
+            assert len(collector.workers) == 2  # nobody restarted, nobody joined
+            await job.stop()
+            tg.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
