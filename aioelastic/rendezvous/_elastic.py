@@ -53,7 +53,7 @@ from aioelastic.rendezvous._info import (
 )
 from aioelastic.rendezvous._lease import Lease
 from aioelastic.rendezvous._parameters import ElasticSettings
-from aioelastic.store import PrefixStore, Store, StoreError
+from aioelastic.store import PrefixStore, Store, StoreError, StoreTimeoutError
 
 logger = logging.getLogger(__name__)
 
@@ -532,6 +532,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 f"rendezvous of run {self.settings.run_id!r}: the store did not acknowledge a "
                 f"keep-alive within {bound:g} s"
             )
+        if self._lease.lapsed(sent):  # a gap (this process was paused, say): fence first
+            self._fence(sent)
         self._lease.renewed(sent)
         self._poke.set()
 
@@ -561,11 +563,15 @@ class ElasticRendezvousHandler(RendezvousHandler):
             if not self._lease.lapsed(now):
                 await self._before(self._lease.fence_at, poke.wait)
                 continue
-            if self._last is not None and self._invalidated is None and not self._joining:
-                detail = f"round {self._last.round} fenced: {self._lease.describe(now)}"
-                logger.warning("rendezvous %r: %s", self.settings.run_id, detail)
-                self._invalidate(RoundInvalidated(InvalidationReason.FENCED, detail))
+            self._fence(now)
             await poke.wait()  # a renewal or a new round
+
+    def _fence(self, now: float) -> None:
+        """Invalidate the current round as FENCED (if one is running): the lease lapsed."""
+        if self._last is not None and self._invalidated is None and not self._joining:
+            detail = f"round {self._last.round} fenced: {self._lease.describe(now)}"
+            logger.warning("rendezvous %r: %s", self.settings.run_id, detail)
+            self._invalidate(RoundInvalidated(InvalidationReason.FENCED, detail))
 
     def _invalidate(self, verdict: RoundInvalidated) -> None:
         if self._invalidated is None:
@@ -626,13 +632,26 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._invalidate(verdict)
 
     async def _watch_successor(self, result: m.RoundResult, successor: int) -> None:
-        """Report the ring successor lost once its liveness key is gone."""
+        """Report the ring successor lost once its liveness key is gone, or once this node has
+        seen no renewal of it for ``heartbeat_timeout`` (by its own clock) and a fresh read
+        confirms none came: an etcd leader change extends every lease, which alone would let
+        a lost node live on for up to twice the timeout."""
         assert self._store is not None
+        store, timeout = self._store, self.settings.heartbeat_timeout
         prefix, key = m.alive_prefix(successor), m.alive_key(successor)
-        snapshot = await self._store.get_prefix(prefix)
+        snapshot = await store.get_prefix(prefix)
+        seen = self._clock.now()
         while key in snapshot.items:
-            await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
-            snapshot = await self._store.get_prefix(prefix)
+            change = functools.partial(
+                store.wait_for_change, prefix, after=snapshot.revision, timeout=math.inf
+            )
+            if await self._before(seen + timeout, change) is None:
+                try:
+                    await store.wait_for_change(prefix, after=snapshot.revision, timeout=0)
+                except StoreTimeoutError:
+                    break
+            seen = self._clock.now()
+            snapshot = await store.get_prefix(prefix)
         await self._report_lost(result.round + 1, successor, "heartbeat expired")
         self._emit(NodeLost(self.settings.run_id, result.round, successor))
 

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.rendezvous import InvalidationReason, RendezvousConnectionError
+from aioelastic.rendezvous import _machine as m
 from aioelastic.rendezvous._lease import Lease
 from aioelastic.testing import RendezvousCluster
 
@@ -94,3 +95,28 @@ async def test_joining_gives_up_after_read_timeout_without_the_store() -> None:
         await cluster.start_join([node])
         with pytest.raises(RendezvousConnectionError, match="lost its store"):
             await cluster.wait_joined([node])
+
+
+async def test_a_paused_node_fences_when_it_runs_again() -> None:
+    """A node whose process stood still past its lease (SIGSTOP, a stalled loop) fences its
+    round when it runs again, whichever of its tasks wakes first."""
+    async with RendezvousCluster(2) as cluster:
+        await cluster.rendezvous()
+        cluster.clock.advance(2 * cluster.settings.heartbeat_timeout)  # no task ran meanwhile
+        verdicts = [await node.handler.wait_round_invalidated() for node in cluster.nodes]
+    assert [v.reason for v in verdicts] == [InvalidationReason.FENCED] * 2
+
+
+async def test_a_successor_whose_key_outlives_its_renewals_is_reported_lost() -> None:
+    """The predecessor reports a node lost one heartbeat timeout after its last renewal even
+    if the store keeps the key longer (an etcd leader change extends every lease)."""
+    async with RendezvousCluster(2) as cluster:
+        await cluster.rendezvous()
+        watcher, silent = cluster.nodes
+        cluster.partition(silent)
+        key = f"rdzv/{cluster.run_id}/{m.alive_key(silent.handler.node_id)}"
+        cluster.store.set_nowait(key, m.encode_alive(1000.0), ttl=1000.0)  # extended, once
+        await cluster.advance(cluster.settings.heartbeat_timeout + 1)
+        verdict = await watcher.handler.wait_round_invalidated()
+        assert cluster.store.get_nowait([key]) is not None
+    assert verdict.reason is InvalidationReason.PARTICIPANT_LOST
