@@ -11,6 +11,7 @@ so importing this package never loads gRPC).
 from typing import TYPE_CHECKING
 
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value
+from aioelastic.store._credentials import StoreCredentials
 from aioelastic.store._errors import (
     StoreClosedError,
     StoreConnectionError,
@@ -73,6 +74,7 @@ __all__ = [
     "Store",
     "StoreClosedError",
     "StoreConnectionError",
+    "StoreCredentials",
     "StoreError",
     "StoreOutcomeUnknownError",
     "StoreProtocolError",

@@ -88,7 +88,7 @@ class TCPStoreServerStatistics:
     dropped_connections: int
     """Connections closed because of what they sent."""
     refused_connections: int
-    """Connections refused at the handshake (token or version)."""
+    """Connections refused at the handshake (token, version or TLS)."""
     torch_connections_total: int = 0
     """Connections that spoke torch's ``TCPStore`` protocol (counted in the others too)."""
 
@@ -132,7 +132,9 @@ class TCPStoreServer(Service):
 
     ``port=0`` picks a free port; :attr:`port` reports it once serving. With ``token``, a client
     must prove it holds the same token or is refused (the token itself never crosses the wire).
-    Without one on a non-loopback address the server logs a warning, once per endpoint;
+    With ``ssl`` (a server context, see :mod:`._tls`), clients speak TLS and a client without
+    a valid certificate is refused before any request is read. With neither, on a non-loopback
+    address, the server logs a warning, once per endpoint;
     ``require_auth=True`` makes that a ``ValueError`` instead. ``clock`` drives TTLs and
     timeouts (tests pass a manual clock). Use ``async with server:`` or
     ``await tg.start(server.serve)``.
