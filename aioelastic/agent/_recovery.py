@@ -17,6 +17,7 @@ A worker that asks nothing of the API is an ordinary worker: see the machine's W
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -349,18 +350,12 @@ class InPlaceGroup(WorkerGroup):
 
     def _world_message(self, place: g.Place) -> WorldAssigned:
         return WorldAssigned(
-            generation=place.generation,
-            rank=place.rank,
-            world_size=place.world_size,
-            local_rank=place.local_rank,
-            is_fresh=place.is_fresh,
-            source_rank=place.source_rank,
-            fresh_ranks=place.fresh_ranks,
+            **dataclasses.asdict(place),
             store={
                 "kind": "tcp",
                 "host": self._worlds_store.host,
                 "port": self._worlds_store.port,
-                "prefix": f"aioelastic/{self.info.restart_count}/gen{place.generation}/",
+                "prefix": f"aioelastic/{self.info.restart_count}/gen{place.generation}",
             },
             timeout=self.spec.recovery_timeout / 2,
         )

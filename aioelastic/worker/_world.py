@@ -197,17 +197,13 @@ def worlds() -> Iterator[World]:
     Leaving a world's ``with`` block normally (the training finished) ends the loop; leaving it
     because the world ended waits for the next generation.
     """
-    link = Link.from_env() if _LINK is None else _LINK
+    link = _say_hello()
     if link is None:
         yield _world_from_env()
         return
-    _remember(link)
-    link.send(Hello(os.getpid()))
     while True:
-        assigned = link.next_world()
-        while assigned is None and link.no_more is None:
+        while (assigned := link.next_world()) is None and link.no_more is None:
             link.wait()
-            assigned = link.next_world()
         if assigned is None:
             return
         world = World(assigned, link)
@@ -218,17 +214,13 @@ def worlds() -> Iterator[World]:
 
 async def async_worlds() -> AsyncIterator[World]:
     """:func:`worlds` for async workers: waits on the event loop, never blocks it."""
-    link = Link.from_env() if _LINK is None else _LINK
+    link = _say_hello()
     if link is None:
         yield _world_from_env()
         return
-    _remember(link)
-    link.send(Hello(os.getpid()))
     while True:
-        assigned = link.next_world()
-        while assigned is None and link.no_more is None:
+        while (assigned := link.next_world()) is None and link.no_more is None:
             await link.wait_async()
-            assigned = link.next_world()
         if assigned is None:
             return
         world = World(assigned, link)
@@ -240,10 +232,15 @@ async def async_worlds() -> AsyncIterator[World]:
 _LINK: Link | None = None
 
 
-def _remember(link: Link) -> None:
-    """The link outlives one loop: a second ``worlds()`` in the same process reuses it."""
+def _say_hello() -> Link | None:
+    """This process's link to its agent (set up once, reused by a later loop), having asked
+    for a world on it; None without an agent."""
     global _LINK
-    _LINK = link
+    if _LINK is None:
+        _LINK = Link.from_env()
+    if _LINK is not None:
+        _LINK.send(Hello(os.getpid()))
+    return _LINK
 
 
 def _world_from_env() -> World:
@@ -279,7 +276,7 @@ def _open_store(spec: dict[str, Any], world: World) -> Any:
         raise AgentLinkError(
             "World.store is a torch.distributed.Store: install torch to use it"
         ) from None
-    prefix = f"aioelastic/gen{world.generation}/"
+    prefix = f"aioelastic/gen{world.generation}"
     kind = spec.get("kind")
     if kind == "file":
         return dist.FileStore(str(spec["path"]), -1)

@@ -225,3 +225,16 @@ async def test_sigterm_stops_the_workers_and_the_spare(tmp_path: Path) -> None:
             await wait_gone(pid)
     assert status == 128 + signal.SIGTERM, run
     assert len(pids) == 3
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+async def test_the_same_script_runs_under_restart_recovery() -> None:
+    """Without --recovery in-place, worlds() yields one world from torch's environment."""
+    argv = ["--standalone", "--nproc-per-node", "2"]
+    with anyio.fail_after(BOUND * 3):
+        async with launched(*argv, TORCH_WORKER, "--steps", "3") as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert set(members(run.out.text, 1)) == {0, 1}
+    assert check_every_sum(run.out.text) == {1: 6}
