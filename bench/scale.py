@@ -455,10 +455,23 @@ def chart(points: Sequence[Point], path: Path) -> bool:
     return True
 
 
+def progress(point: Point, path: Path | None, points: Sequence[Point]) -> None:
+    """Say a point is done (stderr), and keep every point so far in ``path``."""
+    print(
+        f"  {point.backend} N={point.nodes}: formation {point.formation.seconds:.3f} s, "
+        f"loss -> round {point.loss.seconds:.3f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    if path is not None:
+        path.write_text(json.dumps([asdict(p) for p in points], indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the small sizes only")
     parser.add_argument("--backends", nargs="*", choices=SIZES, default=list(SIZES))
+    parser.add_argument("--sizes", type=int, nargs="*", help="these N instead of the defaults")
     parser.add_argument("--json", type=Path, help="also write the points here")
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)
@@ -470,7 +483,8 @@ def main() -> None:
     )
     points: list[Point] = []
     for backend in args.backends:
-        chosen = [n for n in sizes[backend] if backend != "tcp" or 2 * n + 64 < limit]
+        wanted = args.sizes or sizes[backend]
+        chosen = [n for n in wanted if backend != "tcp" or 2 * n + 64 < limit]
         if backend == "etcd":
             from aioelastic.store._etcd_process import EtcdCluster, find_etcd_binary
 
@@ -483,20 +497,18 @@ def main() -> None:
                 assert process is not None
                 for n in chosen:
                     points.append(etcd_point(n, cluster.endpoints, process.pid))
-                    print(f"  etcd N={n} done", file=sys.stderr, flush=True)
+                    progress(points[-1], args.json, points)
             continue
         for n in chosen:
             point = memory_point(n) if backend == "memory" else tcp_point(n)
             if backend == "memory" and n <= GENERATION_LIMIT:
                 point.generation = generation_seconds(n)
             points.append(point)
-            print(f"  {backend} N={n} done", file=sys.stderr, flush=True)
+            progress(point, args.json, points)
     print_points(points)
     growth(points)
     if chart(points, CHART):
         print(f"\nchart: bench/{CHART.name}")
-    if args.json:
-        args.json.write_text(json.dumps([asdict(p) for p in points], indent=1))
 
 
 if __name__ == "__main__":

@@ -50,3 +50,19 @@ def test_secure_rendezvous_example_refuses_the_intruder_and_forms_the_world() ->
         "joined: rank 0 of 2",
         "joined: rank 1 of 2",
     ]
+
+
+def test_scale_example_forms_and_re_forms_a_large_job() -> None:
+    """rendezvous_scale.py: N nodes form, one crashes, N - 1 re-form; calls per node stay small."""
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "rendezvous_scale.py"), "500"],
+        capture_output=True,
+        text=True,
+        timeout=300,  # generous: a few seconds on a loaded machine
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == "formed: 500 nodes, world size 500"
+    assert lines[2] == "re-formed: 499 nodes, world size 499"
+    calls = [float(line.rsplit(" ", 1)[1]) for line in (lines[1], lines[3])]
+    assert all(0 < count < 20 for count in calls)
