@@ -9,9 +9,10 @@ heartbeat), the links (hello, entered, trouble) and the machine's own deadline. 
 ends when the machine finishes (every member exited 0) or falls back (then the agent restarts
 the group, costing a restart, exactly as ``--recovery restart`` would).
 
-Each generation gets its own store: a prefix of a store the attempt serves on loopback in
-torch's ``TCPStore`` protocol (:class:`~aioelastic.store.TorchStoreListener`), so no worker
-binds a port, no worker's death takes the store away, and two generations never share keys.
+Each generation gets its own store: a prefix of a store the attempt serves on loopback
+(:class:`~aioelastic.store.TCPStoreServer`, which speaks torch's ``TCPStore`` protocol and
+ours on one port), so no worker binds a port, no worker's death takes the store away, and two
+generations never share keys.
 A worker that asks nothing of the API is an ordinary worker: see the machine's WAITING phase.
 """
 
@@ -48,7 +49,7 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._group import Outcome, WorkerGroup, _Worker
 from aioelastic.agent._spec import WorkerSpec
-from aioelastic.store import MemoryStore, Store, StoreError, TorchStoreListener
+from aioelastic.store import Store, StoreError, TCPStoreServer
 from aioelastic.worker._protocol import (
     WORKER_FD_ENV,
     Enter,
@@ -144,7 +145,7 @@ class InPlaceGroup(WorkerGroup):
     ) -> tuple[Outcome, str]:
         self._setup()
         try:
-            async with TorchStoreListener(MemoryStore()) as self._worlds_store:
+            async with TCPStoreServer("127.0.0.1", 0) as self._worlds_store:
                 with self._tell, self._heard:
                     return await super().run(other, shutdown=shutdown, kill_now=kill_now)
         finally:

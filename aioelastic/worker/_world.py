@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import importlib.util
 import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aioelastic.worker._link import AgentLinkError, Link
 from aioelastic.worker._protocol import Enter, Hello, Trouble, WorldAssigned
+
+if TYPE_CHECKING:
+    from aioelastic.store import Store
 
 logger = logging.getLogger("aioelastic.worker")
 
@@ -61,6 +65,7 @@ class World:
         self.timeout = datetime.timedelta(seconds=assigned.timeout)
         self._store_spec = assigned.store
         self._store: Any = None
+        self._client: Store | None = None
         self._link = link
         self._asked = False
         self.ended: str | None = None
@@ -73,8 +78,17 @@ class World:
 
     @property
     def store(self) -> Any:
-        """A ``torch.distributed.Store`` scoped to this generation (created on first use)."""
+        """A ``torch.distributed.Store`` scoped to this generation (created on first use).
+
+        Without torch it is an aioelastic :class:`~aioelastic.store.Store` instead, for async
+        workers: ``async with world:`` connects it (and closes it on leaving).
+        """
         if self._store is None:
+            if not _has_torch():
+                raise AgentLinkError(
+                    "without torch, a world's store is an aioelastic store, opened by "
+                    "`async with world:` (use worker.async_worlds())"
+                )
             self._store = _open_store(self._store_spec, self)
         return self._store
 
@@ -150,6 +164,13 @@ class World:
             _destroy_process_group()
 
     async def __aenter__(self) -> World:
+        spec = self._store_spec
+        if self._store is None and spec.get("kind") == "tcp" and not _has_torch():
+            from aioelastic.store import PrefixStore, TCPStore
+
+            self._client = TCPStore(str(spec["host"]), int(spec["port"]))
+            await self._client.__aenter__()
+            self._store = PrefixStore(str(spec["prefix"]), self._client)
         return self.__enter__()
 
     async def __aexit__(
@@ -158,13 +179,17 @@ class World:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        link = self._link
-        if isinstance(error, Exception) and not isinstance(error, WorldChanged) and link:
-            if self._end_reason() is None:
-                self._ask(link, error)
-            while self._end_reason() is None and self.generation not in link.valid:
-                await link.wait_async()
-        return self.__exit__(kind, error, tb)
+        try:
+            link = self._link
+            if isinstance(error, Exception) and not isinstance(error, WorldChanged) and link:
+                if self._end_reason() is None:
+                    self._ask(link, error)
+                while self._end_reason() is None and self.generation not in link.valid:
+                    await link.wait_async()
+            return self.__exit__(kind, error, tb)
+        finally:
+            if self._client is not None:
+                await self._client.aclose()
 
     def _ask(self, link: Link, error: BaseException) -> None:
         """Ask the agent (once) whether this world ended, as ``error`` suggests it might."""
@@ -297,6 +322,11 @@ def _open_store(spec: dict[str, Any], world: World) -> Any:
         )
         return dist.PrefixStore(prefix, base)
     raise AgentLinkError(f"the agent described a store this version cannot open: {spec!r}")
+
+
+def _has_torch() -> bool:
+    """Whether torch.distributed can be imported here (looked up, not imported)."""
+    return importlib.util.find_spec("torch") is not None
 
 
 def _destroy_process_group() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from aioelastic import worker
+from aioelastic.store import TCPStoreServer
 from aioelastic.worker import _protocol as p
 from aioelastic.worker import _world
 
@@ -190,3 +191,22 @@ async def test_the_async_twin_waits_on_the_loop(agent: Agent) -> None:
     second = await anext(worlds)
     assert second.generation == 2
     await worlds.aclose()
+
+
+@pytest.mark.anyio
+async def test_without_torch_the_store_is_an_aioelastic_store(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker without torch gets an aioelastic store of its generation from async with."""
+    monkeypatch.setattr(_world, "_has_torch", lambda: False)
+    async with TCPStoreServer() as server:
+        store = {"kind": "tcp", "host": "127.0.0.1", "port": server.port, "prefix": "w/gen1"}
+        agent.say(place(1, store=store))
+        worlds = worker.async_worlds()
+        world = await anext(worlds)
+        with pytest.raises(worker.AgentLinkError, match="opened by `async with world:`"):
+            _ = world.store
+        async with world:
+            await world.store.set("ready", b"yes")
+        assert await server.store.get("w/gen1/ready") == b"yes"
+        await worlds.aclose()
