@@ -329,7 +329,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     option(
         "--logs-specs",
         default=None,
-        help="a torchrun.logs_specs entry point (torch LogsSpecs classes are refused with why)",
+        help="a torchrun.logs_specs entry point: its torch LogsSpecs class decides where each "
+        "worker's streams and error file go",
     )
     option(
         "--numa-binding",

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -151,6 +151,7 @@ class WorkerGroup:
         self._failures: tuple[WorkerFailure, ...] = ()
         self._pump_scopes: list[anyio.CancelScope] = []
         self._copies: tuple[FilteredCopy | None, FilteredCopy | None] | None = None
+        self._layout: Mapping[int, Any] | None = None
         self.reported: set[int] = set()
         """Pids whose failure was already reported while the group ran (in-place recovery)."""
         self._notices, self._receive = anyio.create_memory_object_stream[_Exited | WorkerReaped](
@@ -290,6 +291,13 @@ class WorkerGroup:
             error_file.parent.mkdir(parents=True, exist_ok=True)
         else:
             error_file = Path(self._private_dir, f"error-{info.restart_count}-{tag}.json")
+        out_plan, err_plan = plan_streams(spec.logs, ranks.local_rank, self._attempt_dir)
+        laid_out = self._laid_out().get(ranks.local_rank) if spec.logs.layout else None
+        if laid_out is not None:  # a torch LogsSpecs decided (--logs-specs)
+            out_plan, err_plan = laid_out.stdout, laid_out.stderr
+            if laid_out.error_file is not None:
+                error_file = Path(laid_out.error_file)
+                error_file.parent.mkdir(parents=True, exist_ok=True)
         error_file.unlink(missing_ok=True)
         env = worker_env(
             os.environ, spec, info, ranks, error_file=str(error_file), timer_file=self._timer_file
@@ -304,7 +312,6 @@ class WorkerGroup:
         prefix = line_prefix(
             spec.logs.line_prefix, rank=ranks.rank, local_rank=ranks.local_rank, role_name=spec.role
         )
-        out_plan, err_plan = plan_streams(spec.logs, ranks.local_rank, self._attempt_dir)
         out_copy, err_copy = self._filtered_copies()
         out = open_stream(
             out_plan, prefix=prefix, console=self._consoles.stdout, duplicate=out_copy
@@ -333,6 +340,22 @@ class WorkerGroup:
                 self._pump_scopes.append(scope)
                 pumps.start_soon(self._relay, stream.pump, scope)
         return _Worker(ranks, process, str(error_file))
+
+    def _laid_out(self) -> Mapping[int, Any]:
+        """This attempt's streams per local rank from the spec's layout, asked once."""
+        if self._layout is None:
+            assert self.spec.logs.layout is not None
+            envs = {
+                r.local_rank: {
+                    "LOCAL_RANK": str(r.local_rank),
+                    "RANK": str(r.rank),
+                    "TORCHELASTIC_RUN_ID": self.info.run_id,
+                    "TORCHELASTIC_RESTART_COUNT": str(self.info.restart_count),
+                }
+                for r in self.ranks
+            }
+            self._layout = self.spec.logs.layout(envs)
+        return self._layout
 
     def _filtered_copies(self) -> tuple[FilteredCopy | None, FilteredCopy | None]:
         """This attempt's ``filtered_stdout.log``/``filtered_stderr.log``, opened once."""

@@ -4,6 +4,7 @@ reporter, signal routing and the failure report."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from aioelastic.agent._guardian import Guardian
     from aioelastic.agent._report import WorkerFailure
     from aioelastic.agent._spec import LogSpec
+    from aioelastic.agent._torch_logs import Layout
     from aioelastic.events import EventRecord
 
 PROG = "aioelastic run"
@@ -107,20 +109,33 @@ def resolve_nproc(value: int | str) -> int:
     return usable_cpu_count()
 
 
-def check_logs_specs(name: str) -> None:
-    """``--logs-specs``: torchrun loads a ``LogsSpecs`` class from the ``torchrun.logs_specs``
-    entry points; such a class lays out torch's own process context, which we do not run."""
+def logs_specs_layout(name: str, logs: LogSpec, nproc: int) -> Layout:
+    """``--logs-specs NAME``: the torch ``LogsSpecs`` class of that ``torchrun.logs_specs``
+    entry point, built from the log flags as torchrun builds it."""
     from aioelastic._entry_points import find_entry_point
+    from aioelastic.agent._torch_logs import torch_layout
 
+    if importlib.util.find_spec("torch") is None:
+        raise FlagError(f"--logs-specs {name!r} names a torch LogsSpecs class: install torch")
     found = find_entry_point("torchrun.logs_specs", name)
     if found is None:
         raise FlagError(
             f"--logs-specs {name!r}: no entry point of that name in torchrun.logs_specs"
         )
-    raise FlagError(
-        f"--logs-specs {name!r} ({found.value}): a torch LogsSpecs class cannot lay out "
-        "aioelastic's workers; use -r/-t/--log-dir/--local-ranks-filter instead"
-    )
+    try:
+        return torch_layout(
+            found,
+            log_dir=logs.log_dir,
+            redirects=logs.redirects,
+            tee=logs.tee,
+            local_ranks_filter=logs.local_ranks_filter,
+            local_world_size=nproc,
+            inherit=logs.inherit_console,
+        )
+    except Exception as exc:  # the plug-in's own failure: say which one
+        raise FlagError(
+            f"--logs-specs {name!r} ({found.value}) failed: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
@@ -179,9 +194,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         duplicate_stdout_filters=tuple(args.duplicate_stdout_filters),
         duplicate_stderr_filters=tuple(args.duplicate_stderr_filters),
     )
-    if args.logs_specs is not None:
-        check_logs_specs(args.logs_specs)
     nproc = resolve_nproc(args.nproc_per_node)
+    if args.logs_specs is not None:
+        logs = dataclasses.replace(logs, layout=logs_specs_layout(args.logs_specs, logs, nproc))
     try:
         if args.virtual_local_rank:
             check_virtual_local_rank(nproc, os.environ.get("CUDA_VISIBLE_DEVICES"))

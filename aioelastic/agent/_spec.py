@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aioelastic.agent._errors import WorkerSpecError
 
@@ -87,10 +87,13 @@ class LogSpec:
     """Tee'd stdout lines containing any of these also go to ``filtered_stdout.log``."""
     duplicate_stderr_filters: tuple[str, ...] = ()
     """The same for stderr (``filtered_stderr.log``)."""
+    layout: Callable[[Mapping[int, Mapping[str, str]]], Mapping[int, Any]] | None = None
+    """Decides, once per attempt, each local rank's streams and error file instead (a torch
+    ``LogsSpecs`` from ``--logs-specs``: see ``_torch_logs.py``)."""
 
     def wants_files(self, local_world_size: int) -> bool:
-        """Return whether any local rank sends a stream to a file."""
-        return any(
+        """Return whether any local rank sends a stream to a file of ours (not a layout's)."""
+        return self.layout is None and any(
             std_for(self.redirects, r) | std_for(self.tee, r) for r in range(local_world_size)
         )
 

@@ -212,3 +212,54 @@ async def test_duplicate_filters_copy_matching_tee_lines_of_every_rank(
     [copy] = glob.glob(str(tmp_path / "*" / "attempt_0" / "filtered_stdout.log"))
     kept = [line.split(":", 1)[1].strip() for line in lines_of(copy)]
     assert kept == ["done rank=1 attempt=0 nodes=1"]
+
+
+FLAT_LOGS = """
+import os
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest
+
+
+class FlatLogs(DefaultLogsSpecs):
+    def reify(self, envs):
+        root, attempt = self.root_log_dir, envs[0]["TORCHELASTIC_RESTART_COUNT"]
+        errors = {r: os.path.join(root, f"rank{r}.error.json") for r in envs}
+        for r, env in envs.items():  # torch's workers learn it only this way
+            env["TORCHELASTIC_ERROR_FILE"] = errors[r]
+        return LogsDest(
+            stdouts={r: os.path.join(root, f"rank{r}-attempt{attempt}.out") for r in envs},
+            stderrs={r: "" for r in envs},
+            error_files=errors,
+        )
+"""
+
+
+def install_logs_specs_plugin(where: Path) -> dict[str, str]:
+    """A distribution in ``where`` whose torchrun.logs_specs entry point 'flat' is FlatLogs;
+    returns the environment that makes it importable."""
+    (where / "flat_logs.py").write_text(FLAT_LOGS)
+    info = where / "flat_logs-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flat-logs\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torchrun.logs_specs]\nflat = flat_logs:FlatLogs\n")
+    return {"PYTHONPATH": os.pathsep.join([str(where), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_logs_specs_plugin_decides_where_output_and_error_files_go(
+    launcher: Sequence[str] | None, tmp_path: Path
+) -> None:
+    """--logs-specs NAME: a torch LogsSpecs class from torchrun.logs_specs lays out the logs."""
+    env = install_logs_specs_plugin(tmp_path)
+    logs, out = tmp_path / "logs", tmp_path / "env"
+    out.mkdir()
+    argv = ["--standalone", "--nproc-per-node", "2", "--logs-specs", "flat", "--log-dir", str(logs)]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, WORKER, "--out", str(out), launcher=launcher, env=env) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert "done rank=" not in run.out.text
+    for rank, record in enumerate(recorded_envs(out)):
+        assert f"done rank={rank}" in lines_of(str(logs / f"rank{rank}-attempt0.out"))[-1]
+        assert record["TORCHELASTIC_ERROR_FILE"] == str(logs / f"rank{rank}.error.json")
