@@ -352,3 +352,15 @@ async def test_status_stacks_groups_the_ranks_of_a_running_job(tmp_path: Path) -
     assert sorted(r["rank"] for r in stacks["ranks"]) == [0, 1, 2]
     assert sorted(r["node"] for r in stacks["ranks"]) in ([0, 0, 1], [0, 1, 1])
     assert all(r["stack_file"] for r in stacks["ranks"])
+
+
+def test_reap_core_dump_flag_reaches_the_launch() -> None:
+    """`aioelastic run --reap-core-dump` turns core dumps on; they are off by default."""
+    from aioelastic.agent._launch import config_from_args
+    from aioelastic.cli import build_parser
+
+    def config(*argv: str) -> Any:
+        return config_from_args(build_parser().parse_args(["run", *argv]))
+
+    assert config("--reap-core-dump", "train.py").reap_core_dump
+    assert not config("train.py").reap_core_dump
