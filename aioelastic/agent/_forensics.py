@@ -3,11 +3,11 @@
 The agent gives its timer server :meth:`Forensics.before_reap` as the pre-kill hook. The first
 expiry of an attempt opens an *incident*: every local worker is captured at once (a shared
 scope expires on every rank together, and the ranks still alive are the evidence), other
-nodes are asked through the store to capture theirs, the stacks are grouped (``_stacks.py``) and the
-report is attached to the group, emitted, and written next to the stack files. Later expiries
-of the same attempt wait for that incident instead of capturing again. Other nodes' requests
-(``_stack_requests.py``) get this node's part of the incident, or a fresh capture. The server
-bounds the hook by its timeout and reaps afterwards whatever happened here.
+nodes are asked through the store to capture theirs, the stacks are grouped (``_stacks.py``)
+and the report is attached to the group, emitted, and written next to the stack files. Later
+expiries of the same attempt wait for that incident instead of capturing again. Other nodes'
+requests (``_stack_requests.py``) get this node's part of the incident, or a fresh capture.
+The server bounds the hook by its timeout and reaps afterwards whatever happened here.
 
 A capture tries py-spy (it attaches from outside, so it works whatever the worker does), then
 the worker's faulthandler signal if the worker registered one (``timer/_stackdump.py``), and
@@ -17,7 +17,6 @@ says in the record which it used or why there is no stack.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import select
@@ -418,7 +417,7 @@ def _write_report(path: Path, report: HangReport) -> None:
     from aioelastic.events import to_data
 
     try:
-        path.write_text(json.dumps(to_data(report), indent=2), encoding="utf-8")
+        replace_json(str(path), to_data(report))
     except OSError as exc:
         logger.warning("cannot write %s: %s", path, exc)
 
