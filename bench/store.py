@@ -11,7 +11,11 @@ Workloads (issue 2), each run against both stores in the same run:
 * memory: peak server RSS after writing 100,000 keys of 64 bytes (and the growth from idle);
 * the cost of security: sequential and 16 processes again with TLS (certificates checked both
   ways, throwaway ones from ``trustme``), and the time to open a connection with no token, a
-  token (its challenge-response is one more round trip) and TLS, against the plain server.
+  token (its challenge-response is one more round trip) and TLS, against the plain server;
+* torch's protocol (``--torch-protocol``): torch's own client against our server and against
+  torch's C++ server: sequential ``set``/``get``/``add``/``wait``, 16 processes doing set+get,
+  and ``init_process_group`` of 16 gloo ranks (``TORCHELASTIC_USE_AGENT_STORE=True``, so every
+  rank is a client of the server, as under an agent).
 
 Each server runs in its own process (``python -m bench.store host ours|torch``); clients run in
 the bench process (ours on uvloop when installed) or in worker processes. Ratios are
@@ -347,6 +351,20 @@ async def ours_fill(port: int) -> None:
         await store.get(f"key{MEMORY_KEYS - 1:06d}")
 
 
+def torch_protocol_sequential(port: int) -> dict[str, float]:
+    """torch's client, one call at a time (the same against either server)."""
+    s = torch_client(port)
+    for i in range(100):
+        s.set(f"warm{i}", VALUE)
+    n = SEQUENTIAL_OPS
+    return {
+        "set": timed(n, lambda: [s.set(f"k{i}", VALUE) for i in range(n)]),
+        "get": timed(n, lambda: [s.get(f"k{i}") for i in range(n)]),
+        "add": timed(n, lambda: [s.add("counter", 1) for _ in range(n)]),
+        "wait": timed(n, lambda: [s.wait([f"k{i}"]) for i in range(n)]),
+    }
+
+
 # -- 16 worker processes -----------------------------------------------------------------
 
 
@@ -408,8 +426,91 @@ def many_processes(kind: str, port: int) -> float:
         assert process.stdout.readline().strip() == "done"
     elapsed = time.perf_counter() - start
     for process in workers:
-        process.wait(timeout=30)
+        process.wait(timeout=120)  # torch's processes take long to exit on a loaded machine
     return PROCESSES * PAIRS * 2 / elapsed
+
+
+GLOO_RANKS = 16
+
+
+def process_group_rank(port: int, rank: int, world: int) -> None:
+    """Import torch, say ready, wait for 'go', join a gloo group through the store at ``port``."""
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # every rank a client, as under an agent
+    import torch.distributed as dist
+
+    print("ready", flush=True)
+    sys.stdin.readline()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    dist.destroy_process_group()
+    print("done", flush=True)
+
+
+def init_process_group_seconds(port: int) -> float:
+    """Seconds from 'go' until all :data:`GLOO_RANKS` ranks formed their gloo group."""
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.store", "pg", str(port), str(rank), str(GLOO_RANKS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(GLOO_RANKS)
+    ]
+    for process in ranks:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "ready"
+    start = time.perf_counter()
+    for process in ranks:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    for process in ranks:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "done"
+    elapsed = time.perf_counter() - start
+    for process in ranks:
+        process.wait(timeout=60)
+    return elapsed
+
+
+def measure_torch_protocol(kind: str) -> dict[str, float]:
+    """torch's client against one server kind (``ours`` or ``torch``); figures by row name."""
+    figures: dict[str, float] = {}
+    with server(kind) as (port, _):
+        for op, rate in torch_protocol_sequential(port).items():
+            figures[f"torch client: sequential {op}"] = rate
+    with server(kind) as (port, pid):
+        cpu = cpu_seconds(pid)
+        figures["torch client: 16 processes set+get"] = many_processes("torch", port)
+        ops = PROCESSES * PAIRS * 2
+        figures["  server CPU per op, 16 processes"] = (cpu_seconds(pid) - cpu) / ops * 1e6
+    with server(kind) as (port, pid):
+        cpu = cpu_seconds(pid)
+        figures[f"init_process_group, {GLOO_RANKS} gloo"] = init_process_group_seconds(port)
+        figures[f"  server CPU, {GLOO_RANKS}-rank init"] = (cpu_seconds(pid) - cpu) * 1000
+    return figures
+
+
+TORCH_PROTOCOL_UNITS = {
+    "torch client": "ops/s",
+    "init_process_group": "s",
+    "  server CPU per op": "us",
+    "  server CPU,": "ms",
+}
+
+
+def print_torch_protocol() -> None:
+    if not HAVE_TORCH:
+        print("torch-protocol rows skipped: torch is not installed")
+        return
+    ours, theirs = measure_torch_protocol("ours"), measure_torch_protocol("torch")
+    print("torch's TCPStore client: against our server vs against torch's C++ server")
+    print(f"{'workload':<34} {'unit':<7} {'aioelastic':>12} {'torch':>12} {'ratio':>7}")
+    for name, value in ours.items():
+        unit = next(u for prefix, u in TORCH_PROTOCOL_UNITS.items() if name.startswith(prefix))
+        print(Row(name, unit, value, theirs.get(name)).render())
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -511,9 +612,17 @@ def main() -> None:
     parser.add_argument(
         "--security", action="store_true", help="measure only what a token and TLS cost"
     )
+    parser.add_argument(
+        "--torch-protocol",
+        action="store_true",
+        help="measure only torch's client against our server and against torch's",
+    )
     args = parser.parse_args()
     if args.security:
         print_security()
+        return
+    if args.torch_protocol:
+        print_torch_protocol()
         return
     ours = measure("ours")
     theirs = measure("torch") if HAVE_TORCH and not args.no_torch else {}
@@ -525,6 +634,9 @@ def main() -> None:
         print(Row(name, unit, value, theirs.get(name)).render())
     print()
     print_security()
+    if not args.no_torch:
+        print()
+        print_torch_protocol()
 
 
 def print_security() -> None:
@@ -544,5 +656,7 @@ if __name__ == "__main__":
         host(sys.argv[2])
     elif len(sys.argv) > 1 and sys.argv[1] == "worker":
         worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "pg":
+        process_group_rank(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     else:
         main()

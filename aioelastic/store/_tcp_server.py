@@ -502,8 +502,7 @@ class _Session:
         if self.closing or self.phase is _Phase.CLOSED:
             return b""
         if self.torch is not None:
-            self.torch.receive(data)
-            return b""
+            return self.torch.receive(data)
         if self.phase is _Phase.PREAMBLE and not self.pending and looks_like_torch(data):
             return self._speak_torch(data)
         if self.phase is not _Phase.OPEN:
@@ -523,8 +522,7 @@ class _Session:
         self.torch = server.torch.session(self.peer, send=self.send, hangup=self.hangup)
         self.phase = _Phase.OPEN
         server._spawn(self.torch.serve)
-        self.torch.receive(data)
-        return b""
+        return self.torch.receive(data)
 
     def _handshake(self, data: bytes) -> tuple[bytes, bytes]:
         """Answer the handshake frames in ``data``; return the replies and the bytes after it.

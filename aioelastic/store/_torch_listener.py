@@ -101,13 +101,21 @@ class TorchStoreListener(Service):
         except anyio.TypedAttributeLookupError:
             address = "unknown peer"
         peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+        lock = anyio.Lock()  # replies from this task and from the session's, one at a time
+
+        async def send(data: bytes) -> None:
+            async with lock:
+                await stream.send(data)
+
         with anyio.CancelScope() as reading:
-            session = self.service.session(peer, send=stream.send, hangup=reading.cancel)
+            session = self.service.session(peer, send=send, hangup=reading.cancel)
             sessions.start_soon(session.serve)
             try:
                 async with stream:
                     while True:
-                        session.receive(await stream.receive(_RECEIVE_SIZE))
+                        replies = session.receive(await stream.receive(_RECEIVE_SIZE))
+                        if replies:
+                            await send(replies)
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the client went away
             except OSError as error:

@@ -38,6 +38,7 @@ import anyio.abc
 
 from aioelastic.store._api import Store
 from aioelastic.store._errors import StoreError, StoreTimeoutError
+from aioelastic.store._memory import MemoryStore
 from aioelastic.store._torch_codec import (
     CHECK_NOT_READY,
     CHECK_READY,
@@ -64,6 +65,26 @@ log = logging.getLogger("aioelastic.store.torch")
 def store_key(wire_key: str) -> str:
     """The store key for a key as torch's client sends it (its leading ``/`` removed)."""
     return wire_key[1:] if wire_key.startswith("/") else wire_key
+
+
+class _Later:
+    """Marks a request that cannot be answered without waiting: :meth:`TorchSession.serve` will."""
+
+
+LATER = _Later()
+
+
+def _at_once(
+    answer: Callable[[TorchRequest], bytes | _Later | None],
+) -> Callable[[TorchRequest], Awaitable[bytes | None]]:
+    """The handler for :meth:`TorchSession.serve` of a request always answered at once."""
+
+    async def handle(request: TorchRequest) -> bytes | None:
+        reply = answer(request)
+        assert not isinstance(reply, _Later)
+        return reply
+
+    return handle
 
 
 def _store_keys(request: TorchRequest) -> list[str]:
@@ -217,6 +238,31 @@ class TorchSession:
         self._waits_queued = 0  # WAITs received and not yet started
         self._cancels = 0  # CANCEL_WAITs that arrived before the WAIT they cancel started
         self._active_wait: anyio.CancelScope | None = None
+        self._queued = 0  # requests handed to serve() and not yet answered
+        self._memory = self.store if isinstance(self.store, MemoryStore) else None
+        self._now: dict[TorchOp, Callable[[TorchRequest], bytes | _Later | None]] = {
+            TorchOp.CANCEL_WAIT: self._cancel_wait_now,
+            TorchOp.PING: self._ping_now,
+            TorchOp.QUEUE_PUSH: self._queue_push_now,
+            TorchOp.QUEUE_POP: self._queue_pop_now,
+            TorchOp.QUEUE_LEN: self._queue_len_now,
+        }
+        if self._memory is not None:  # the server's own store: most answers need no await
+            self._now.update(
+                {
+                    TorchOp.SET: self._set_now,
+                    TorchOp.COMPARE_SET: self._compare_set_now,
+                    TorchOp.GET: self._get_now,
+                    TorchOp.ADD: self._add_now,
+                    TorchOp.CHECK: self._check_now,
+                    TorchOp.WAIT: self._wait_now,
+                    TorchOp.GETNUMKEYS: self._num_keys_now,
+                    TorchOp.DELETE_KEY: self._delete_key_now,
+                    TorchOp.APPEND: self._append_now,
+                    TorchOp.MULTI_GET: self._multi_get_now,
+                    TorchOp.MULTI_SET: self._multi_set_now,
+                }
+            )
         self._handlers: dict[TorchOp, Callable[[TorchRequest], Awaitable[bytes | None]]] = {
             TorchOp.SET: self._set,
             TorchOp.COMPARE_SET: self._compare_set,
@@ -229,11 +275,11 @@ class TorchSession:
             TorchOp.APPEND: self._append,
             TorchOp.MULTI_GET: self._multi_get,
             TorchOp.MULTI_SET: self._multi_set,
-            TorchOp.CANCEL_WAIT: self._cancel_wait,
-            TorchOp.PING: self._ping,
-            TorchOp.QUEUE_PUSH: self._queue_push,
-            TorchOp.QUEUE_POP: self._queue_pop,
-            TorchOp.QUEUE_LEN: self._queue_len,
+            TorchOp.CANCEL_WAIT: _at_once(self._cancel_wait_now),
+            TorchOp.PING: _at_once(self._ping_now),
+            TorchOp.QUEUE_PUSH: _at_once(self._queue_push_now),
+            TorchOp.QUEUE_POP: _at_once(self._queue_pop_now),
+            TorchOp.QUEUE_LEN: _at_once(self._queue_len_now),
             TorchOp.LIST_KEYS: self._list_keys,
             TorchOp.VALIDATE: self._validate_again,
         }
@@ -244,11 +290,17 @@ class TorchSession:
         self.reported = True
         log.log(level, "torch store client %s: %s", self.peer, reason)
 
-    def receive(self, data: bytes) -> None:
-        """Take received bytes: queue the requests they complete for :meth:`serve`."""
+    def receive(self, data: bytes) -> bytes:
+        """Take received bytes; return the replies to send now (maybe empty).
+
+        While nothing is queued, what can be answered without waiting is answered here (in
+        order, from the read); the first request that must wait, and every one after it until
+        :meth:`serve` catches up, is queued for :meth:`serve`.
+        """
         if self.closed or self._drop_reason is not None:
-            return
+            return b""
         decoder = self.decoder
+        replies: list[bytes] = []
         for request in decoder.feed(data):
             if not self.validated:
                 if request.op is not TorchOp.VALIDATE or request.fields[0] != VALIDATION_MAGIC:
@@ -256,16 +308,29 @@ class TorchSession:
                         f"the first request must be VALIDATE with torch's magic number, not "
                         f"{request.op.name} {request.fields!r}"
                     )
-                    return
+                    break
                 self.validated = True
                 continue
+            if not self._queued and (answer := self._now.get(request.op)) is not None:
+                try:
+                    reply = answer(request)
+                except (StoreError, ValueError, TypeError, OverflowError) as error:
+                    self._drop(f"{request.op.name} failed: {error}")
+                    return b""
+                if not isinstance(reply, _Later):
+                    self.service._requests += 1
+                    if reply is not None:
+                        replies.append(reply)
+                    continue
             if request.op is TorchOp.WAIT:
                 self._waits_queued += 1
             elif request.op is TorchOp.CANCEL_WAIT:
                 self._cancel_current_wait()
+            self._queued += 1
             self._inbox_send.send_nowait(request)
         if decoder.error is not None:
             self._queue_drop(decoder.error.reason)
+        return replies[0] if len(replies) == 1 else b"".join(replies)
 
     def _cancel_current_wait(self) -> None:
         """A ``CANCEL_WAIT`` arrived: withdraw the wait it is about (running or still queued)."""
@@ -304,12 +369,94 @@ class TorchSession:
                         return
                     if reply is not None:
                         await self.send(reply)
+                    self._queued -= 1
 
     def _drop(self, reason: str) -> None:
         self.service._dropped += 1
         self.report(f"{reason}; closing the connection")
         self.hangup()
         self.close()
+
+    # -- answers without waiting (queues, ping; every op on the server's own MemoryStore) -----
+
+    def _present_now(self, keys: Sequence[str]) -> bool:
+        assert self._memory is not None
+        missing = [key for key in keys if not self.queues.nonempty(key)]
+        return not missing or self._memory.check_nowait(missing)
+
+    def _set_now(self, request: TorchRequest) -> None:
+        assert self._memory is not None
+        key, value = request.fields
+        self._memory.set_nowait(store_key(key), value)  # type: ignore[arg-type]
+
+    def _compare_set_now(self, request: TorchRequest) -> bytes:
+        assert self._memory is not None
+        key, expected, desired = request.fields
+        return encode_value(self._memory.compare_set_nowait(store_key(key), expected, desired))  # type: ignore[arg-type]
+
+    def _get_now(self, request: TorchRequest) -> bytes:
+        assert self._memory is not None
+        (key,) = request.fields
+        values = self._memory.get_nowait((store_key(key),))  # type: ignore[arg-type]
+        return encode_value(b"" if values is None else values[0])
+
+    def _multi_get_now(self, request: TorchRequest) -> bytes:
+        memory = self._memory
+        assert memory is not None
+        keys = _store_keys(request)
+        values = memory.get_nowait(keys)
+        if values is None:
+            values = [(memory.get_nowait((key,)) or [b""])[0] for key in keys]
+        return encode_values(values)
+
+    def _add_now(self, request: TorchRequest) -> bytes:
+        assert self._memory is not None
+        key, amount = request.fields
+        return encode_i64(self._memory.add_nowait(store_key(key), amount))  # type: ignore[arg-type]
+
+    def _check_now(self, request: TorchRequest) -> bytes:
+        return CHECK_READY if self._present_now(_store_keys(request)) else CHECK_NOT_READY
+
+    def _wait_now(self, request: TorchRequest) -> bytes | _Later:
+        return STOP_WAITING if self._present_now(_store_keys(request)) else LATER
+
+    def _num_keys_now(self, request: TorchRequest) -> bytes:
+        assert self._memory is not None
+        return encode_i64(self._memory.num_keys_nowait())
+
+    def _delete_key_now(self, request: TorchRequest) -> bytes:
+        assert self._memory is not None
+        (key,) = request.fields
+        return encode_i64(1 if self._memory.delete_nowait(store_key(key)) else 0)  # type: ignore[arg-type]
+
+    def _append_now(self, request: TorchRequest) -> None:
+        assert self._memory is not None
+        key, value = request.fields
+        self._memory.append_nowait(store_key(key), value)  # type: ignore[arg-type]
+
+    def _multi_set_now(self, request: TorchRequest) -> None:
+        assert self._memory is not None
+        pairs = cast(list[tuple[str, bytes]], request.fields[0])
+        self._memory.multi_set_nowait([store_key(key) for key, _ in pairs], [v for _, v in pairs])
+
+    def _cancel_wait_now(self, request: TorchRequest) -> bytes:
+        return WAIT_CANCELED
+
+    def _ping_now(self, request: TorchRequest) -> bytes:
+        (nonce,) = request.fields
+        return encode_u32(nonce)  # type: ignore[arg-type]
+
+    def _queue_push_now(self, request: TorchRequest) -> None:
+        key, value = request.fields
+        self.queues.push(store_key(key), value)  # type: ignore[arg-type]
+
+    def _queue_pop_now(self, request: TorchRequest) -> bytes:
+        (key,) = request.fields
+        return encode_queue_pop(*self.queues.pop(store_key(key)))  # type: ignore[arg-type]
+
+    def _queue_len_now(self, request: TorchRequest) -> bytes:
+        (key,) = request.fields
+        return encode_i64(self.queues.length(store_key(key)))  # type: ignore[arg-type]
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -410,25 +557,6 @@ class TorchSession:
         pairs = cast(list[tuple[str, bytes]], request.fields[0])
         keys = [store_key(key) for key, _ in pairs]
         await self.store.multi_set(keys, [value for _, value in pairs])
-
-    async def _cancel_wait(self, request: TorchRequest) -> bytes:
-        return WAIT_CANCELED
-
-    async def _ping(self, request: TorchRequest) -> bytes:
-        (nonce,) = request.fields
-        return encode_u32(nonce)  # type: ignore[arg-type]
-
-    async def _queue_push(self, request: TorchRequest) -> None:
-        key, value = request.fields
-        self.queues.push(store_key(key), value)  # type: ignore[arg-type]
-
-    async def _queue_pop(self, request: TorchRequest) -> bytes:
-        (key,) = request.fields
-        return encode_queue_pop(*self.queues.pop(store_key(key)))  # type: ignore[arg-type]
-
-    async def _queue_len(self, request: TorchRequest) -> bytes:
-        (key,) = request.fields
-        return encode_i64(self.queues.length(store_key(key)))  # type: ignore[arg-type]
 
     async def _list_keys(self, request: TorchRequest) -> bytes:
         snapshot = await self.store.get_prefix("")
