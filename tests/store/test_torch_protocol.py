@@ -6,12 +6,15 @@ hold the GIL while they block, which would stall a server in the same process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import struct
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
 from aioelastic.store import (
@@ -402,3 +405,48 @@ async def test_the_torch_clients_example_runs() -> None:
         "ours read b'hello'",
         "counter 3",
     ]
+
+
+async def _read_exactly(stream: anyio.abc.SocketStream, size: int) -> bytes:
+    received = b""
+    with anyio.fail_after(30):
+        while len(received) < size:
+            received += await stream.receive()
+    return received
+
+
+def _torch_bytes(*requests: TorchRequest) -> bytes:
+    return b"".join(encode_request(request) for request in requests)
+
+
+@pytest.mark.parametrize("front", ["server", "listener"])
+async def test_pipelined_replies_keep_request_order_across_a_wait(front: str) -> None:
+    """Requests behind a parked WAIT are answered after it, in order; CANCEL_WAIT withdraws it."""
+    async with MemoryStore() as store, contextlib.AsyncExitStack() as stack:
+        if front == "server":
+            server = await stack.enter_async_context(TCPStoreServer())
+            store, port = server.store, server.port
+        else:
+            port = (await stack.enter_async_context(TorchStoreListener(store))).port
+        raw = await stack.enter_async_context(await anyio.connect_tcp("127.0.0.1", port))
+        await raw.send(
+            VALIDATE
+            + _torch_bytes(
+                TorchRequest(TorchOp.SET, ("/k", b"v")),
+                TorchRequest(TorchOp.WAIT, (["/x"],)),
+                TorchRequest(TorchOp.GET, ("/k",)),
+                TorchRequest(TorchOp.PING, (5,)),
+            )
+        )
+        await store.set("x", b"now")  # wakes the WAIT; the GET and PING answers follow it
+        expected = b"\x00" + struct.pack("<Q", 1) + b"v" + struct.pack("<I", 5)
+        assert await _read_exactly(raw, len(expected)) == expected
+        await raw.send(
+            _torch_bytes(
+                TorchRequest(TorchOp.WAIT, (["/never"],)),
+                TorchRequest(TorchOp.CANCEL_WAIT),
+                TorchRequest(TorchOp.PING, (6,)),
+            )
+        )
+        expected = b"\x01" + struct.pack("<I", 6)  # WAIT_CANCELED, no STOP_WAITING
+        assert await _read_exactly(raw, len(expected)) == expected
