@@ -93,7 +93,10 @@ class Collector:
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         async with stream:
             lines = BufferedByteReceiveStream(stream)
-            fields = json.loads(await lines.receive_until(b"\n", 4096))
+            try:
+                fields = json.loads(await lines.receive_until(b"\n", 4096))
+            except (anyio.EndOfStream, anyio.IncompleteRead, OSError):
+                return  # killed before it said who it is: it never ran as any rank
             worker = Worker(
                 fields["host_addr"],
                 int(fields["aioelastic_round"] or 0),
