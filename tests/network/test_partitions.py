@@ -80,6 +80,12 @@ async def cut_last_one_way(net: Network) -> None:
         await net.cut_one_way(net.hosts[2], other)
 
 
+async def lose_replies_to_last(net: Network) -> None:
+    """The store's (or the etcd members') packets to host 2 are dropped; its own go through."""
+    for other in net.hosts[:2]:
+        await net.cut_one_way(other, net.hosts[2])
+
+
 async def minority(net: Network) -> None:
     await net.partition([net.hosts[2]])
 
@@ -89,10 +95,19 @@ async def minority(net: Network) -> None:
     [
         ("c10d", cut_last),
         ("c10d", cut_last_one_way),
+        ("c10d", lose_replies_to_last),
         ("etcd", minority),
         ("etcd", cut_last_one_way),
+        ("etcd", lose_replies_to_last),
     ],
-    ids=["c10d-host-cut", "c10d-one-way", "etcd-minority", "etcd-one-way"],
+    ids=[
+        "c10d-host-cut",
+        "c10d-one-way",
+        "c10d-replies-lost",
+        "etcd-minority",
+        "etcd-one-way",
+        "etcd-replies-lost",
+    ],
 )
 async def test_the_cut_off_node_fences_the_others_reform_and_it_rejoins(
     cluster: Cluster, backend: str, fault: Fault
