@@ -9,9 +9,7 @@ close marker) and the liveness key of its ring successor, which it reports when 
 Fencing: each keep-alive is its own bounded attempt, so one stuck on a dead connection never
 delays the next. When no renewal was acknowledged in time (:mod:`._lease`, on this node's
 own clock) the round is invalidated as ``FENCED``: the node may already be taken for dead and
-its ranks given to others, so its workers must stop. A fenced node then stops heart-beating
-until the store answers it again (a cut that loses only the replies must not keep its key
-alive for the others). Joining again outlasts a store that is
+its ranks given to others, so its workers must stop. Joining again outlasts a store that is
 unreachable for a while (a partition): a failed join is retried until no store call has
 succeeded for ``read_timeout``.
 """
@@ -331,7 +329,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         """One attempt to join the next round: run a fresh machine to its end."""
         assert self._addr is not None
         if self._lease.lapsed(self._clock.now()):
-            await self._renew()  # heart-beat again (a fenced node fell silent) before joining
+            await self._renew()  # a join must not start on a lease that lapses at once
         previous = (self._last.round, self._rank) if self._last is not None else (0, -1)
         machine = m.JoinMachine(
             self._policy, self._node, self._addr, free_port(self._addr), previous
@@ -554,10 +552,6 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     renewals.start_soon(self._renew_logged)
 
     async def _renew_logged(self) -> None:
-        if self._lease.lapsed(self._clock.now()) and self._contact < self._lease.fence_at:
-            # Fenced, and no store reply since: stay silent, so that a one-way cut that only
-            # loses the store's replies cannot keep this node's key alive for the others.
-            return
         try:
             await self._renew()
         except RendezvousError as error:
