@@ -119,19 +119,38 @@ async def in_process(nodes: int, transport: str) -> tuple[float, Counter[str]]:
             base = await stack.enter_async_context(TCPStore("127.0.0.1", server.port))
         counting = CountingStore(base)
         settings = ElasticSettings(f"bench-{uuid.uuid4().hex[:8]}", nodes, nodes)
-        handlers = [
-            ElasticRendezvousHandler(counting, settings, backend="bench", local_addr="127.0.0.1")
-            for _ in range(nodes)
-        ]
-        for handler in handlers:
-            await stack.enter_async_context(handler)
-        counting.counts.clear()
-        started = time.perf_counter()
+        # Each handler lives in its own task, as in its own process: entering them all in
+        # this task would nest their cancel scopes N deep (anyio walks that chain per exit).
+        entered, go, formed = anyio.Event(), anyio.Event(), anyio.Event()
+        counts = {"entered": 0, "formed": 0}
+
+        async def node() -> None:
+            handler = ElasticRendezvousHandler(
+                counting, settings, backend="bench", local_addr="127.0.0.1"
+            )
+            async with handler:
+                counts["entered"] += 1
+                if counts["entered"] == nodes:
+                    entered.set()
+                await go.wait()
+                await handler.next_rendezvous()
+                counts["formed"] += 1
+                if counts["formed"] == nodes:
+                    formed.set()
+                await anyio.sleep_forever()
+
         async with anyio.create_task_group() as tg:
-            for handler in handlers:
-                tg.start_soon(handler.next_rendezvous)
-        elapsed = time.perf_counter() - started
-        return elapsed, Counter(counting.counts)
+            for _ in range(nodes):
+                tg.start_soon(node)
+            await entered.wait()
+            counting.counts.clear()
+            started = time.perf_counter()
+            go.set()
+            await formed.wait()
+            elapsed = time.perf_counter() - started
+            operations = Counter(counting.counts)
+            tg.cancel_scope.cancel()
+        return elapsed, operations
 
 
 # -- separate processes -------------------------------------------------------------------------
