@@ -365,6 +365,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+NO_EFFECT = {
+    "PET_MONITOR_INTERVAL": "worker exits are seen at once through pidfds, not polled",
+    "PET_START_METHOD": "workers are always started as new processes",
+}
+"""torchrun variables of flags accepted for compatibility that change nothing here."""
+
+
 def unknown_pet_variables(environ: Mapping[str, str], known: frozenset[str]) -> list[str]:
     """The ``PET_*`` variables of ``environ`` that no flag reads, sorted."""
     return sorted(name for name in environ if name.startswith("PET_") and name not in known)
@@ -375,6 +382,9 @@ def run_command(args: argparse.Namespace) -> int:
     for name in unknown_pet_variables(os.environ, args.pet_names):
         flag_name = "--" + name[4:].lower().replace("_", "-")
         print(f"{PROG}: warning: {name} is ignored: {flag_name} is not a flag", file=sys.stderr)
+    for name, why in NO_EFFECT.items():
+        if name in os.environ:
+            print(f"{PROG}: warning: {name} has no effect: {why}", file=sys.stderr)
     try:
         config = config_from_args(args)
     except FlagError as exc:

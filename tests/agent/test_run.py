@@ -313,8 +313,9 @@ async def test_event_log_handler_console_prints_every_event_as_json() -> None:
 
 
 async def test_an_unknown_pet_variable_warns_and_a_known_one_applies(tmp_path: Path) -> None:
-    """PET_<FLAG> sets a flag (here --virtual-local-rank); a PET_* naming no flag is warned."""
-    env = {"PET_VIRTUAL_LOCAL_RANK": "1", "PET_NPROC_PER_NODES": "2"}
+    """PET_<FLAG> sets a flag (here --virtual-local-rank); a PET_* naming no flag, or one that
+    changes nothing here, is warned about."""
+    env = {"PET_VIRTUAL_LOCAL_RANK": "1", "PET_NPROC_PER_NODES": "2", "PET_START_METHOD": "fork"}
     argv = ["--standalone", WORKER, "--out", str(tmp_path)]
     with anyio.fail_after(BOUND):
         async with launched(*argv, env=env) as run:
@@ -323,6 +324,7 @@ async def test_an_unknown_pet_variable_warns_and_a_known_one_applies(tmp_path: P
     assert (
         "warning: PET_NPROC_PER_NODES is ignored: --nproc-per-nodes is not a flag" in run.err.text
     )
+    assert "warning: PET_START_METHOD has no effect: workers are always started" in run.err.text
     [record] = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]  # noqa: ASYNC240
     assert record["CUDA_VISIBLE_DEVICES"] == "0"
 
