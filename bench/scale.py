@@ -351,6 +351,10 @@ def print_points(points: Sequence[Point]) -> None:
         shown = f"{target:g}" if target else "-"
         label = f"formation, {p.backend}, N={p.nodes}"
         print(f"{label:<44}{p.formation.seconds:>12.3f}{shown:>10}{ratio:>13}  s")
+        if p.backend == "memory":  # one busy thread: its CPU is its wall time on an idle machine
+            ratio = f"{target / p.formation.cpu:.1f}x" if target else "-"
+            label = f"formation CPU, {p.backend}, N={p.nodes}"
+            print(f"{label:<44}{p.formation.cpu:>12.3f}{shown:>10}{ratio:>13}  s")
     print()
     head = (
         f"{'backend':<8}{'N':>7}  {'formation':>10}{'cpu':>9}{'gc':>9}{'server':>9}"
@@ -473,7 +477,13 @@ def main() -> None:
     parser.add_argument("--backends", nargs="*", choices=SIZES, default=list(SIZES))
     parser.add_argument("--sizes", type=int, nargs="*", help="these N instead of the defaults")
     parser.add_argument("--json", type=Path, help="also write the points here")
+    parser.add_argument(
+        "--from-json", type=Path, nargs="*", help="report on points saved by --json, no run"
+    )
     args = parser.parse_args()
+    if args.from_json:
+        report(load_points(args.from_json))
+        return
     logging.disable(logging.CRITICAL)
     limit = raise_fd_limit()
     sizes = QUICK if args.quick else SIZES
@@ -505,10 +515,26 @@ def main() -> None:
                 point.generation = generation_seconds(n)
             points.append(point)
             progress(point, args.json, points)
+    report(points)
+
+
+def report(points: Sequence[Point]) -> None:
+    """The tables, the growth lines and the chart."""
     print_points(points)
     growth(points)
     if chart(points, CHART):
         print(f"\nchart: bench/{CHART.name}")
+
+
+def load_points(paths: Sequence[Path]) -> list[Point]:
+    """Points saved by ``--json`` (several files: merged, in backend then size order)."""
+    points = []
+    for path in paths:
+        for saved in json.loads(path.read_text()):
+            formation, loss = Phase(**saved.pop("formation")), Phase(**saved.pop("loss"))
+            points.append(Point(formation=formation, loss=loss, **saved))
+    order = list(SIZES)
+    return sorted(points, key=lambda p: (order.index(p.backend), p.nodes))
 
 
 if __name__ == "__main__":
