@@ -434,7 +434,8 @@ GLOO_RANKS = 16
 
 
 def process_group_rank(port: int, rank: int, world: int) -> None:
-    """Import torch, say ready, wait for 'go', join a gloo group through the store at ``port``."""
+    """Import torch, say ready, wait for 'go', join a gloo group through the store at ``port``
+    (and pass one barrier)."""
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # every rank a client, as under an agent
     import torch.distributed as dist
 
@@ -443,6 +444,7 @@ def process_group_rank(port: int, rank: int, world: int) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
+    dist.barrier()  # every pair connected before anyone tears the group down
     dist.destroy_process_group()
     print("done", flush=True)
 

@@ -116,3 +116,22 @@ def test_exposing_a_secured_static_store_is_refused(tmp_path: Path) -> None:
     with pytest.raises(WorkerSpecError, match="cannot share a static job's store secured"):
         WorkerStore(handler, expose=True)
     assert WorkerStore(handler).listener.host == "127.0.0.1"
+
+
+async def test_exposed_elastic_store_is_served_by_group_rank_0() -> None:
+    """--expose-torch-store over c10d: every worker gets the round's bootstrap address and
+    port, where group rank 0's agent serves torch's protocol (torchrun's arrangement)."""
+    argv = [
+        *elastic_argv("c10d", f"127.0.0.1:{free_port()}", "--expose-torch-store"),
+        "--local-addr=127.0.0.1",
+        EXAMPLE,
+    ]
+    with anyio.fail_after(BOUND * 2):
+        async with launched(*argv) as first, launched(*argv) as second:
+            statuses = [await first.wait(), await second.wait()]
+    assert statuses == [0, 0], (first, second)
+    [(_, _, use0, addr0, port0)] = STORE_LINE.findall(first.out.text)
+    [(_, _, use1, addr1, port1)] = STORE_LINE.findall(second.out.text)
+    assert (use0, addr0, port0) == (use1, addr1, port1) == ("True", "127.0.0.1", port0)
+    for agent in (first, second):
+        assert re.search(r"rank \d/2 attempt 0: sum 3", agent.out.text), agent
