@@ -86,13 +86,7 @@ async def test_random_partitions_never_split_the_brain(backend: str, figures: Fi
             await tg.start(collector.serve)
             job = Job(net, workdir, collector)
             hosts = net.hosts
-            if backend == "c10d":
-                endpoint = f"{hosts[0].addr}:29400"
-            else:
-                binary = shutil.which("etcd")
-                if binary is None:
-                    pytest.skip("no etcd binary (apt-get install etcd-server)")
-                endpoint = await job.start_etcd(hosts[:3], binary)
+            endpoint = await job.endpoint(backend, hosts if backend == "c10d" else hosts[:3])
             await job.start(
                 tg, hosts, backend=backend, endpoint=endpoint, conf=CONF, nnodes=f"2:{size}"
             )

@@ -25,8 +25,10 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from aioelastic.store._etcd_process import HOW_TO_GET_ETCD, find_etcd_binary
 from aioelastic.testing import Host, Network
 
 WORKER = """
@@ -245,6 +247,19 @@ class Job:
             if process.returncode is None:
                 process.kill()
             await process.aclose()
+
+    async def endpoint(self, backend: str, members: Sequence[Host]) -> str:
+        """The rendezvous endpoint: c10d's store on the first of ``members``, or an etcd member
+        started on each (skips without an etcd binary, fails so under CI)."""
+        if backend == "c10d":
+            return f"{members[0].addr}:29400"
+        binary = find_etcd_binary()
+        if binary is None:
+            message = f"no etcd binary: {HOW_TO_GET_ETCD}"
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"CI=true but {message}")
+            pytest.skip(message)
+        return await self.start_etcd(members, binary)
 
     async def start_etcd(self, hosts: Sequence[Host], binary: str) -> str:
         """Start one etcd member on each of ``hosts`` (client port 2379, peers on 2380);

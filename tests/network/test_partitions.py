@@ -55,13 +55,7 @@ async def cluster() -> AsyncIterator[Cluster]:
 
 async def start(cluster: Cluster, backend: str, *, beat: float = 0.0) -> None:
     hosts = cluster.net.hosts
-    if backend == "c10d":
-        endpoint = f"{hosts[0].addr}:29400"
-    else:
-        binary = shutil.which("etcd")
-        if binary is None:
-            pytest.skip("no etcd binary (apt-get install etcd-server)")
-        endpoint = await cluster.job.start_etcd(hosts, binary)
+    endpoint = await cluster.job.endpoint(backend, hosts)
     await cluster.job.start(
         cluster.tg, hosts, backend=backend, endpoint=endpoint, conf=CONF, nnodes="2:3", beat=beat
     )
