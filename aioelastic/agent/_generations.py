@@ -22,8 +22,9 @@ ended, stop a worker, report.
 * **A failure.** A member that fails (while forming or running) ends its generation: every
   other assigned member is told, and the next generation is assigned at once. Survivors keep
   their slots and, where it is below the new world size, their rank. A failed slot goes to a
-  ready spare on the same node when there is one (then a new spare is started in the
-  background), else to a new process; fresh members are assigned as soon as they are ready.
+  spare on the same node when there is one (a ready one first, else one still starting; then
+  a new spare is started in the background), else to a new process; fresh members are
+  assigned as soon as they are ready.
   Failures while a generation forms simply make the next one (two failures at once: two
   generations in a row, or one, depending on order; never a rank held twice).
 * **Membership.** A lost node (its agent died, or the rendezvous lost it) removes its workers
@@ -633,7 +634,7 @@ class GenerationMachine:
             for slot in range(state.spec.local_world_size):
                 if (node, slot) in holders:
                     continue
-                spare = next(iter(self.spares(node)), None)
+                spare = self._spare_for(node)
                 if spare is not None:
                     worker = self._workers[spare]
                     worker.slot = slot
@@ -693,6 +694,16 @@ class GenerationMachine:
                 rest.append(worker)
         free = iter(rest)
         return [slot if slot is not None else next(free) for slot in ranks]
+
+    def _spare_for(self, node: int) -> WorkerKey | None:
+        """The spare to take a slot on ``node``: a ready one, else one still starting (it is
+        further along than a process started now)."""
+        starting = (
+            w.key
+            for w in self._workers.values()
+            if w.key.node == node and w.slot is None and w.state is WorkerState.STARTING
+        )
+        return next(iter(self.spares(node)), None) or next(starting, None)
 
     def _finishing(self) -> bool:
         """Whether a member of the current generation already exited 0 (the job is ending)."""

@@ -320,3 +320,23 @@ def test_suspects_are_the_silent_minority(troubled: set[int], evicted: tuple[int
     members = [WorkerKey(0, serial) for serial in range(4)]
     found = suspects(members, {members[i] for i in troubled})
     assert found == tuple(members[i] for i in evicted)
+
+
+def test_a_spare_still_starting_takes_the_place_before_a_new_process() -> None:
+    """A spare that has not asked yet is further along than a process started now."""
+    sim = WorldSimulation({0: NodeSpec(2, spares=1)})
+    spare = next(k for k, w in sim.running.items() if w.spawned_for is None)
+    for key in sim.waiting():
+        if key != spare:
+            sim.ready(key)
+    for key in sim.assigned():
+        sim.enter(key)
+    sim.fail(sim.member(1))
+    generation = sim.machine.generation
+    assert generation is not None
+    assert generation.members[1] == spare
+    assert sim.running[spare].place is None  # assigned once it asks
+    sim.ready(spare)
+    assert sim.running[spare].place is not None
+    sim.enter_all()
+    assert sim.formed[-1].replacements[0].spare
