@@ -494,7 +494,8 @@ def main() -> None:
     points: list[Point] = []
     for backend in args.backends:
         wanted = args.sizes or sizes[backend]
-        chosen = [n for n in wanted if backend != "tcp" or 2 * n + 64 < limit]
+        # each connection is one descriptor here and one in the server process
+        chosen = [n for n in wanted if backend != "tcp" or n + 256 < limit]
         if backend == "etcd":
             from aioelastic.store._etcd_process import EtcdCluster, find_etcd_binary
 
