@@ -636,8 +636,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
     async def _watch_successor(self, result: m.RoundResult, successor: int) -> None:
         """Report the ring successor lost once its liveness key is gone, or once this node has
         seen no renewal of it for ``heartbeat_timeout`` (by its own clock) and a fresh read
-        confirms none came: an etcd leader change extends every lease, which alone would let
-        a lost node live on for up to twice the timeout."""
+        confirms none came: a store may keep the key longer than its TTL (etcd may refresh
+        leases when a new leader is promoted)."""
         assert self._store is not None
         store, timeout = self._store, self.settings.heartbeat_timeout
         prefix, key = m.alive_prefix(successor), m.alive_key(successor)

@@ -8,6 +8,7 @@ host). The workers' own records (see ``_job.py``) are the evidence.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -62,26 +63,46 @@ async def start(cluster: Cluster, backend: str, *, beat: float = 0.0) -> None:
     await cluster.collector.wait_for(lambda: cluster.collector.world(hosts))
 
 
-Fault = Callable[[Network], Awaitable[None]]
+Fault = Callable[[Network], Awaitable[Host]]
+"""Cuts one host off (its way) and returns it."""
 
 
-async def cut_last(net: Network) -> None:
+async def cut_last(net: Network) -> Host:
     await net.cut(net.hosts[2])
+    return net.hosts[2]
 
 
-async def cut_last_one_way(net: Network) -> None:
+async def cut_last_one_way(net: Network) -> Host:
     for other in net.hosts[:2]:
         await net.cut_one_way(net.hosts[2], other)
+    return net.hosts[2]
 
 
-async def lose_replies_to_last(net: Network) -> None:
+async def lose_replies_to_last(net: Network) -> Host:
     """The store's (or the etcd members') packets to host 2 are dropped; its own go through."""
     for other in net.hosts[:2]:
         await net.cut_one_way(other, net.hosts[2])
+    return net.hosts[2]
 
 
-async def minority(net: Network) -> None:
+async def minority(net: Network) -> Host:
     await net.partition([net.hosts[2]])
+    return net.hosts[2]
+
+
+async def cut_leader(net: Network) -> Host:
+    """Cut off the host of the etcd leader (each host runs one member)."""
+    endpoints = ",".join(f"http://{host.addr}:2379" for host in net.hosts)
+    status = await net.hosts[0].run(
+        ["etcdctl", "--endpoints", endpoints, "endpoint", "status", "-w", "json"]
+    )
+    for member in json.loads(status.stdout):
+        header = member["Status"]["header"]
+        if member["Status"]["leader"] == header["member_id"]:
+            leader = next(h for h in net.hosts if f"//{h.addr}:" in member["Endpoint"])
+            await net.partition([leader])
+            return leader
+    raise AssertionError(f"no etcd member reports itself leader: {status.stdout!r}")
 
 
 @pytest.mark.parametrize(
@@ -93,6 +114,7 @@ async def minority(net: Network) -> None:
         ("etcd", minority),
         ("etcd", cut_last_one_way),
         ("etcd", lose_replies_to_last),
+        ("etcd", cut_leader),
     ],
     ids=[
         "c10d-host-cut",
@@ -101,21 +123,24 @@ async def minority(net: Network) -> None:
         "etcd-minority",
         "etcd-one-way",
         "etcd-replies-lost",
+        "etcd-leader-cut",
     ],
 )
 async def test_the_cut_off_node_fences_the_others_reform_and_it_rejoins(
     cluster: Cluster, backend: str, fault: Fault
 ) -> None:
-    """Host 2 loses the others: its worker is killed (fenced) before the survivors' new world
-    starts, the survivors re-form a world of 2, and after the heal all three form one world."""
+    """One host loses the others: its worker is killed (fenced) before the survivors' new
+    world starts, the survivors re-form a world of 2, and after the heal all three form one
+    world."""
     net, job, records = cluster.net, cluster.job, cluster.collector
     await start(cluster, backend)
-    a, b, c = net.hosts
     first = {w.host: w for w in records.live}
     cut_at = time.time()
-    await fault(net)
+    c = await fault(net)
     fenced_at = await job.wait_said(c, "fenced:", after=cut_at)
-    survivors = await records.wait_for(lambda: records.world([a, b]))
+    survivors = await records.wait_for(
+        lambda: records.world([host for host in net.hosts if host is not c])
+    )
     healed_at = time.time()
     await net.heal()
     await records.wait_for(lambda: records.world(net.hosts))
