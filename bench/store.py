@@ -490,14 +490,15 @@ def measure_torch_protocol(kind: str) -> dict[str, float]:
         figures["  server CPU per op, 16 processes"] = (cpu_seconds(pid) - cpu) / ops * 1e6
     with server(kind) as (port, pid):
         cpu = cpu_seconds(pid)
-        figures[f"init_process_group, {GLOO_RANKS} gloo"] = init_process_group_seconds(port)
+        seconds = init_process_group_seconds(port)
+        figures[f"init_process_group, {GLOO_RANKS} gloo"] = seconds * 1000
         figures[f"  server CPU, {GLOO_RANKS}-rank init"] = (cpu_seconds(pid) - cpu) * 1000
     return figures
 
 
 TORCH_PROTOCOL_UNITS = {
     "torch client": "ops/s",
-    "init_process_group": "s",
+    "init_process_group": "ms",
     "  server CPU per op": "us",
     "  server CPU,": "ms",
 }
