@@ -21,7 +21,11 @@ class RendezvousHandler(abc.ABC):
 
     @property
     def use_agent_store(self) -> bool:
-        """Whether workers should reuse the agent's store: never (they speak torch's protocol)."""
+        """Whether this backend's own store is handed to workers as torch's: never.
+
+        The elastic agent serves its workers a torch-protocol store itself, whatever the backend
+        (``TORCHELASTIC_USE_AGENT_STORE=True``: see ``aioelastic.agent._worker_store``).
+        """
         return False
 
     @abc.abstractmethod
