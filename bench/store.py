@@ -395,39 +395,38 @@ def worker(kind: str, port: int, pairs: int) -> None:
     run_async(run)
 
 
-def many_processes(kind: str, port: int) -> float:
-    workers = [
+def go_together(commands: list[list[str]]) -> float:
+    """Start the ``bench.store`` processes, wait until each says ready, tell them all to go;
+    return the seconds until the last says done."""
+    processes = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.store",
-                "worker",
-                kind,
-                str(port),
-                str(PAIRS),
-            ],
+            [sys.executable, "-m", "bench.store", *command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for _ in range(PROCESSES)
+        for command in commands
     ]
-    for process in workers:
+    for process in processes:
         assert process.stdout is not None
         assert process.stdout.readline().strip() == "ready"
     start = time.perf_counter()
-    for process in workers:
+    for process in processes:
         assert process.stdin is not None
         process.stdin.write("go\n")
         process.stdin.flush()
-    for process in workers:
+    for process in processes:
         assert process.stdout is not None
         assert process.stdout.readline().strip() == "done"
     elapsed = time.perf_counter() - start
-    for process in workers:
+    for process in processes:
         process.wait(timeout=120)  # torch's processes take long to exit on a loaded machine
-    return PROCESSES * PAIRS * 2 / elapsed
+    return elapsed
+
+
+def many_processes(kind: str, port: int) -> float:
+    commands = [["worker", kind, str(port), str(PAIRS)] for _ in range(PROCESSES)]
+    return PROCESSES * PAIRS * 2 / go_together(commands)
 
 
 GLOO_RANKS = 16
@@ -451,30 +450,9 @@ def process_group_rank(port: int, rank: int, world: int) -> None:
 
 def init_process_group_seconds(port: int) -> float:
     """Seconds from 'go' until all :data:`GLOO_RANKS` ranks formed their gloo group."""
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench.store", "pg", str(port), str(rank), str(GLOO_RANKS)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(GLOO_RANKS)
-    ]
-    for process in ranks:
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "ready"
-    start = time.perf_counter()
-    for process in ranks:
-        assert process.stdin is not None
-        process.stdin.write("go\n")
-        process.stdin.flush()
-    for process in ranks:
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "done"
-    elapsed = time.perf_counter() - start
-    for process in ranks:
-        process.wait(timeout=60)
-    return elapsed
+    return go_together(
+        [["pg", str(port), str(rank), str(GLOO_RANKS)] for rank in range(GLOO_RANKS)]
+    )
 
 
 def measure_torch_protocol(kind: str) -> dict[str, float]:
