@@ -182,20 +182,23 @@ def timed(calls: int, run: Callable[[], object]) -> float:
     return calls / (time.perf_counter() - start)
 
 
-def torch_sequential(port: int) -> dict[str, float]:
+def torch_sequential(
+    port: int, ops: tuple[str, ...] = ("set", "get", "add", "compare_set")
+) -> dict[str, float]:
+    """torch's client, one call at a time, for each of ``ops`` in order (``set`` writes the
+    keys that ``get`` and ``wait`` read)."""
     s = torch_client(port)
     for i in range(100):
         s.set(f"warm{i}", VALUE)
     n = SEQUENTIAL_OPS
-    return {
-        "set": timed(n, lambda: [s.set(f"k{i}", VALUE) for i in range(n)]),
-        "get": timed(n, lambda: [s.get(f"k{i}") for i in range(n)]),
-        "add": timed(n, lambda: [s.add("counter", 1) for _ in range(n)]),
-        "compare_set": timed(
-            n,
-            lambda: [s.compare_set("k0", VALUE, VALUE) for _ in range(n)],
-        ),
+    calls: dict[str, Callable[[], object]] = {
+        "set": lambda: [s.set(f"k{i}", VALUE) for i in range(n)],
+        "get": lambda: [s.get(f"k{i}") for i in range(n)],
+        "add": lambda: [s.add("counter", 1) for _ in range(n)],
+        "compare_set": lambda: [s.compare_set("k0", VALUE, VALUE) for _ in range(n)],
+        "wait": lambda: [s.wait([f"k{i}"]) for i in range(n)],
     }
+    return {op: timed(n, calls[op]) for op in ops}
 
 
 def torch_pipelined(port: int) -> float:
@@ -351,20 +354,6 @@ async def ours_fill(port: int) -> None:
         await store.get(f"key{MEMORY_KEYS - 1:06d}")
 
 
-def torch_protocol_sequential(port: int) -> dict[str, float]:
-    """torch's client, one call at a time (the same against either server)."""
-    s = torch_client(port)
-    for i in range(100):
-        s.set(f"warm{i}", VALUE)
-    n = SEQUENTIAL_OPS
-    return {
-        "set": timed(n, lambda: [s.set(f"k{i}", VALUE) for i in range(n)]),
-        "get": timed(n, lambda: [s.get(f"k{i}") for i in range(n)]),
-        "add": timed(n, lambda: [s.add("counter", 1) for _ in range(n)]),
-        "wait": timed(n, lambda: [s.wait([f"k{i}"]) for i in range(n)]),
-    }
-
-
 # -- 16 worker processes -----------------------------------------------------------------
 
 
@@ -459,7 +448,7 @@ def measure_torch_protocol(kind: str) -> dict[str, float]:
     """torch's client against one server kind (``ours`` or ``torch``); figures by row name."""
     figures: dict[str, float] = {}
     with server(kind) as (port, _):
-        for op, rate in torch_protocol_sequential(port).items():
+        for op, rate in torch_sequential(port, ("set", "get", "add", "wait")).items():
             figures[f"torch client: sequential {op}"] = rate
     with server(kind) as (port, pid):
         cpu = cpu_seconds(pid)
