@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -95,13 +96,27 @@ class Place:
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """An assigned generation: members in rank order and why it was made."""
+    """An assigned generation: members in rank order and why it was made.
+
+    Lookups are O(1): the ranks, the fresh ranks and the source rank are worked out once.
+    """
 
     number: int
     members: tuple[WorkerKey, ...]
     slots: tuple[int, ...]
     fresh: frozenset[WorkerKey]
     reason: str
+    _ranks: Mapping[WorkerKey, int] = field(init=False, repr=False, compare=False)
+    _fresh_ranks: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _source_rank: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ranks = {key: rank for rank, key in enumerate(self.members)}
+        fresh = tuple(rank for rank, key in enumerate(self.members) if key in self.fresh)
+        source = next((r for r, k in enumerate(self.members) if k not in self.fresh), 0)
+        object.__setattr__(self, "_ranks", ranks)
+        object.__setattr__(self, "_fresh_ranks", fresh)
+        object.__setattr__(self, "_source_rank", source)
 
     @property
     def world_size(self) -> int:
@@ -109,22 +124,29 @@ class Generation:
 
     @property
     def fresh_ranks(self) -> tuple[int, ...]:
-        return tuple(rank for rank, key in enumerate(self.members) if key in self.fresh)
+        return self._fresh_ranks
 
     @property
     def source_rank(self) -> int:
-        return next((r for r, k in enumerate(self.members) if k not in self.fresh), 0)
+        return self._source_rank
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._ranks
+
+    def rank_of(self, key: WorkerKey) -> int:
+        """``key``'s rank (KeyError: not a member)."""
+        return self._ranks[key]
 
     def place_of(self, key: WorkerKey) -> Place:
-        rank = self.members.index(key)
+        rank = self._ranks[key]
         return Place(
             generation=self.number,
             rank=rank,
             world_size=self.world_size,
             local_rank=self.slots[rank],
             is_fresh=key in self.fresh,
-            source_rank=self.source_rank,
-            fresh_ranks=self.fresh_ranks,
+            source_rank=self._source_rank,
+            fresh_ranks=self._fresh_ranks,
         )
 
 
@@ -385,6 +407,10 @@ class GenerationMachine:
         self._formed_once = False
         self._recovery: _Recovery | None = None
         self._started = False
+        self._first: Counter[WorkerState] = Counter()
+        """The first workers' states while WAITING (kept as counts: O(1) per event)."""
+        self._done_members = 0
+        """Members of the current generation that exited 0."""
         self.fallback_reason: str | None = None
 
     # -- queries --------------------------------------------------------------------------------
@@ -425,6 +451,9 @@ class GenerationMachine:
         commands: list[Command] = []
         for node, state in self._nodes.items():
             commands += self._spawn_node(node, state, joiner=False)
+        self._first[WorkerState.STARTING] = sum(
+            1 for w in self._workers.values() if w.slot is not None
+        )
         return commands
 
     def send(self, event: Event, now: float) -> list[Command]:
@@ -472,13 +501,16 @@ class GenerationMachine:
         worker.state = WorkerState.READY
         generation = self.generation
         if self.phase is Phase.WAITING:
-            first = [w for w in self._workers.values() if w.slot is not None]
-            if worker.slot is not None and any(w.state is WorkerState.DONE for w in first):
+            if worker.slot is None:
+                return []
+            self._first[WorkerState.STARTING] -= 1
+            self._first[WorkerState.READY] += 1
+            if self._first[WorkerState.DONE]:
                 return self._fall_back(_MIXED)
-            if all(w.state is WorkerState.READY for w in first):
+            if not self._first[WorkerState.STARTING]:
                 return self._assign(now, "the job started", failed_at=None, first=True)
             return []
-        if generation is not None and worker.key in generation.members:
+        if generation is not None and worker.key in generation:
             worker.state = WorkerState.MEMBER  # a replacement that was started for its place
             return [Assign(worker.key, generation.place_of(worker.key))]
         if worker.joiner:
@@ -496,10 +528,10 @@ class GenerationMachine:
         generation, recovery = self.generation, self._recovery
         if generation is None or number != generation.number or recovery is None:
             return []  # a generation that already ended, or a repeat
-        if worker.key not in generation.members:
+        if worker.key not in generation:
             return []
         recovery.entered.add(worker.key)
-        if self.phase is Phase.FORMING and recovery.entered >= set(generation.members):
+        if self.phase is Phase.FORMING and len(recovery.entered) == generation.world_size:
             self.phase = Phase.RUNNING
             self._recovery = None
             self._formed_once = True
@@ -515,7 +547,7 @@ class GenerationMachine:
             return []
         worker.state = WorkerState.DONE if returncode == 0 else WorkerState.GONE
         generation = self.generation
-        member = generation is not None and worker.key in generation.members
+        member = generation is not None and worker.key in generation
         if self.phase is Phase.WAITING:
             if worker.slot is None:  # a spare died: start another
                 return self._replenish(worker.key.node)
@@ -524,10 +556,11 @@ class GenerationMachine:
                     f"worker {worker.key} (local rank {worker.slot}) failed (status "
                     f"{returncode}) before every worker asked for a world"
                 )
-            first = [w for w in self._workers.values() if w.slot is not None]
-            if any(w.state is WorkerState.READY for w in first):
+            self._first[was] -= 1
+            self._first[WorkerState.DONE] += 1
+            if self._first[WorkerState.READY]:
                 return self._fall_back(_MIXED)
-            if all(w.state is WorkerState.DONE for w in first):
+            if not self._first[WorkerState.STARTING]:
                 return self._finish()
             return []
         if not member:
@@ -539,13 +572,14 @@ class GenerationMachine:
                 )
             return []
         assert generation is not None
-        rank = generation.members.index(worker.key)
+        rank = generation.rank_of(worker.key)
         if returncode == 0:
             if self.phase is Phase.FORMING:
                 return self._fall_back(
                     f"rank {rank} exited 0 while generation {generation.number} formed"
                 )
-            if all(self._workers[k].state is WorkerState.DONE for k in generation.members):
+            self._done_members += 1
+            if self._done_members == generation.world_size:
                 return self._finish()
             return []
         if self._finishing():
@@ -663,6 +697,7 @@ class GenerationMachine:
             reason,
         )
         self.generation = generation
+        self._done_members = 0
         self.phase = Phase.FORMING
         rank_of = {w.key: r for r, w in enumerate(members)}
         done = tuple(
@@ -707,10 +742,7 @@ class GenerationMachine:
 
     def _finishing(self) -> bool:
         """Whether a member of the current generation already exited 0 (the job is ending)."""
-        generation = self.generation
-        return generation is not None and any(
-            self._workers[k].state is WorkerState.DONE for k in generation.members
-        )
+        return self._done_members > 0
 
     def _admit_ready_joiners(self, now: float) -> list[Command]:
         if self._finishing():

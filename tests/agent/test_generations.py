@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from aioelastic.agent._generations import (
     FallBack,
+    Generation,
     GenerationMachine,
     GenerationProtocolError,
     NodeSpec,
@@ -340,3 +341,24 @@ def test_a_spare_still_starting_takes_the_place_before_a_new_process() -> None:
     assert sim.running[spare].place is not None
     sim.enter_all()
     assert sim.formed[-1].replacements[0].spare
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 50)), unique=True, min_size=1),
+    st.data(),
+)
+def test_a_generations_lookups_agree_with_its_member_list(
+    keys: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    """rank_of, place_of, fresh_ranks and source_rank say what scanning the members says."""
+    members = tuple(WorkerKey(node, serial) for node, serial in keys)
+    fresh = frozenset(data.draw(st.sets(st.sampled_from(members))))
+    generation = Generation(7, members, tuple(range(len(members))), fresh, "test")
+    assert generation.fresh_ranks == tuple(r for r, k in enumerate(members) if k in fresh)
+    assert generation.source_rank == next((r for r, k in enumerate(members) if k not in fresh), 0)
+    for rank, key in enumerate(members):
+        assert key in generation
+        assert generation.rank_of(key) == rank
+        place = generation.place_of(key)
+        assert (place.rank, place.local_rank, place.is_fresh) == (rank, rank, key in fresh)
+    assert WorkerKey(9, 0) not in generation
