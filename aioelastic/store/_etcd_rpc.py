@@ -25,6 +25,19 @@ from aioelastic.store._errors import (
     StoreError,
     StoreRefusedError,
 )
+from aioelastic.store._etcd_txn import (
+    Compare,
+    Get,
+    GetResult,
+    KeyValue,
+    ModRevisionIs,
+    Op,
+    OpResult,
+    Put,
+    PutResult,
+    Txn,
+    TxnResult,
+)
 
 _IMPORT_ERROR: ImportError | None = None
 try:
@@ -38,7 +51,11 @@ __all__ = [
     "EtcdConnection",
     "Member",
     "TLSConfig",
+    "decode_kv",
+    "decode_txn",
     "describe",
+    "encode_txn",
+    "first_kv",
     "grpc",
     "is_not_found",
     "is_retryable",
@@ -342,3 +359,60 @@ def describe(error: BaseException) -> str:
     if isinstance(error, grpc.aio.AioRpcError):
         return f"{error.code().name}: {error.details()}"
     return f"{type(error).__name__}: {error}"
+
+
+def _encode_op(op: Op) -> Any:
+    if isinstance(op, Put):
+        put = rpc.PutRequest(key=op.key, value=op.value, lease=op.lease, ignore_lease=op.keep_lease)
+        return rpc.RequestOp(request_put=put)
+    if isinstance(op, Get):
+        return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key))
+    return rpc.RequestOp(request_txn=encode_txn(op))
+
+
+def _encode_compare(compare: Compare) -> Any:
+    if isinstance(compare, ModRevisionIs):
+        return rpc.Compare(
+            key=compare.key,
+            target=rpc.Compare.MOD,
+            result=rpc.Compare.EQUAL,
+            mod_revision=compare.revision,
+        )
+    return rpc.Compare(
+        key=compare.key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=compare.value
+    )
+
+
+def encode_txn(txn: Txn) -> Any:
+    """The etcd ``TxnRequest`` of ``txn``."""
+    return rpc.TxnRequest(
+        compare=[_encode_compare(compare) for compare in txn.compare],
+        success=[_encode_op(op) for op in txn.success],
+        failure=[_encode_op(op) for op in txn.failure],
+    )
+
+
+def decode_kv(kv: Any) -> KeyValue:
+    """Our :class:`KeyValue` of an etcd ``KeyValue``."""
+    return KeyValue(bytes(kv.key), bytes(kv.value), int(kv.mod_revision), int(kv.lease))
+
+
+def first_kv(response_range: Any) -> KeyValue | None:
+    """The first key of an etcd ``RangeResponse`` (None: no key)."""
+    return decode_kv(response_range.kvs[0]) if response_range.kvs else None
+
+
+def decode_txn(response: Any, revision: int | None = None) -> TxnResult:
+    """Our :class:`TxnResult` of an etcd ``TxnResponse`` (nested ones carry the outer revision)."""
+    if revision is None:
+        revision = int(response.header.revision)
+    results: list[OpResult] = []
+    for op in response.responses:
+        kind = op.WhichOneof("response")
+        if kind == "response_range":
+            results.append(GetResult(first_kv(op.response_range)))
+        elif kind == "response_txn":
+            results.append(decode_txn(op.response_txn, revision))
+        else:
+            results.append(PutResult())
+    return TxnResult(bool(response.succeeded), tuple(results), revision)

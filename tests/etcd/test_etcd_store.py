@@ -280,52 +280,6 @@ async def test_cancelling_calls_midway_is_clean(etcd_store: EtcdStore) -> None:
     assert await etcd_store.get("k") == b"after"
 
 
-async def test_an_add_from_a_stale_read_lands_in_one_transaction(
-    etcd_server: EtcdCluster, etcd_prefix: str
-) -> None:
-    """Adds by other clients between an add's read and its write do not cost a retry: the
-    transaction's fallbacks match the value they left, and the sum is still exact."""
-    async with (
-        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as store,
-        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as other,
-    ):
-        await store.set("n", b"5")
-        key = etcd_prefix.encode() + b"kv/n"
-        _, (stale,) = await store._read([key])
-        assert await other.add("n", 1) == 6
-        assert await other.add("n", 1) == 7
-        session = store._session
-        assert session is not None
-        before = store.statistics().requests
-
-        def plus_one(current: bytes | None) -> bytes:
-            return str(int(current or b"0") + 1).encode()
-
-        slot = session.take_slot()
-        outcome = await store._update_in_slot("add", key, plus_one, 4, stale, session, slot)
-        assert outcome == (b"8", b"8")
-        assert store.statistics().requests - before == 1
-        assert await store.get("n") == b"8"
-
-
-async def test_an_update_after_a_write_it_never_saw_the_reply_of_is_applied_once(
-    etcd_store: EtcdStore, etcd_prefix: str
-) -> None:
-    """A marker slot whose last write landed unseen (its caller was cancelled once etcd had
-    applied it) does not wedge the next update on that slot: it is applied, exactly once."""
-    assert await etcd_store.add("n", 1) == 1
-    session = etcd_store._session
-    assert session is not None
-    slot = session.take_slot()  # the slot the next update will take: write its marker behind
-    session.give_back(slot)  # the store's back, as a cancelled update's late reply would
-    marker = f"{etcd_prefix}ops/{session.lease:x}/{slot}".encode()
-    await etcd_store._put(marker, b"landed-unseen", session.lease)
-    with anyio.fail_after(10):
-        assert await etcd_store.add("n", 1) == 2
-        assert await etcd_store.compare_set("n", b"2", b"7") == b"7"
-    assert await etcd_store.get("n") == b"7"
-
-
 async def test_adds_cancelled_in_flight_never_wedge_later_ones(etcd_store: EtcdStore) -> None:
     """Deadlines that cancel adds at every point of their transaction leave the store able to
     add: each later add completes, and the counter only ever counts whole adds."""
