@@ -363,19 +363,24 @@ _REPLY_READERS = {
 
 def decode_request(body: bytes) -> Request:
     """Decode a request frame body (without its length prefix)."""
-    op, request_id, fields = _decode(body, _REQUEST_READERS, "operation")
-    return Request(op, request_id, fields)
+    op, request_id, fields = decode_request_fields(body)
+    return Request(op, request_id, tuple(fields))
+
+
+def decode_request_fields(body: bytes) -> tuple[Op, int, list[Field]]:
+    """Decode a request frame body into its op, request id and fields (for typed requests)."""
+    return _decode(body, _REQUEST_READERS, "operation")
 
 
 def decode_reply(body: bytes) -> Reply:
     """Decode a reply frame body (without its length prefix)."""
     status, request_id, fields = _decode(body, _REPLY_READERS, "reply status")
-    return Reply(status, request_id, fields)
+    return Reply(status, request_id, tuple(fields))
 
 
 def _decode(
     body: bytes, kinds: dict[int, tuple[K, tuple[Reader, ...]]], what: str
-) -> tuple[K, int, tuple[Field, ...]]:
+) -> tuple[K, int, list[Field]]:
     if len(body) < _BODY_HEADER_SIZE:
         raise StoreProtocolError(
             f"a frame body of {len(body)} bytes is shorter than its {_BODY_HEADER_SIZE}-byte header"
@@ -397,7 +402,7 @@ def _decode(
         raise StoreProtocolError(
             f"{len(body) - pos} unexpected bytes after the last field", request_id
         )
-    return kind, request_id, tuple(fields)
+    return kind, request_id, fields
 
 
 def decode_preamble(data: bytes) -> int:

@@ -10,6 +10,8 @@ where the keys live elsewhere.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import anyio
@@ -19,11 +21,10 @@ from anyio.abc import SocketAttribute
 from aioelastic._service import Service
 from aioelastic.store._api import Store
 from aioelastic.store._tcp_server import _is_loopback
+from aioelastic.store._tcp_transport import Link, serve_stream
 from aioelastic.store._torch_session import TorchService, TorchServiceStatistics
 
 log = logging.getLogger("aioelastic.store.torch")
-
-_RECEIVE_SIZE = 65536
 
 
 class TorchStoreListener(Service):
@@ -47,6 +48,7 @@ class TorchStoreListener(Service):
         self.host = host
         self.requested_port = port
         self._port: int | None = None
+        self._sessions: anyio.abc.TaskGroup | None = None
 
     @property
     def store(self) -> Store:
@@ -76,6 +78,25 @@ class TorchStoreListener(Service):
         """Return a snapshot of the connection and request counters."""
         return self.service.statistics()
 
+    @property
+    def torch(self) -> TorchService:
+        return self.service
+
+    def new_session(self, peer: str) -> None:
+        """Every connection speaks torch's protocol (there is no native session)."""
+        return None
+
+    def spawn(self, function: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        """Run ``function(*args)`` in the listener's task group."""
+        if self._sessions is not None:
+            self._sessions.start_soon(function, *args)
+
+    def opened(self, link: Link) -> None:
+        """The torch service counts its connections itself."""
+
+    def closed(self, link: Link) -> None:
+        """The torch service counts its connections itself."""
+
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -83,42 +104,14 @@ class TorchStoreListener(Service):
         listener = await anyio.create_tcp_listener(
             local_host=self.host, local_port=self.requested_port
         )
-        async with listener, anyio.create_task_group() as sessions:
-            self._port = listener.extra(SocketAttribute.local_port)
-            log.info("torch store protocol served on %s for %s", self.endpoint, self.store.endpoint)
-            task_status.started(self._port)
-
-            async def connection(stream: anyio.abc.SocketStream) -> None:
-                await self._serve_connection(stream, sessions)
-
-            await listener.serve(connection)
-
-    async def _serve_connection(
-        self, stream: anyio.abc.SocketStream, sessions: anyio.abc.TaskGroup
-    ) -> None:
         try:
-            address = stream.extra(SocketAttribute.remote_address)
-        except anyio.TypedAttributeLookupError:
-            address = "unknown peer"
-        peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
-        lock = anyio.Lock()  # replies from this task and from the session's, one at a time
-
-        async def send(data: bytes) -> None:
-            async with lock:
-                await stream.send(data)
-
-        with anyio.CancelScope() as reading:
-            session = self.service.session(peer, send=send, hangup=reading.cancel)
-            sessions.start_soon(session.serve)
-            try:
-                async with stream:
-                    while True:
-                        replies = session.receive(await stream.receive(_RECEIVE_SIZE))
-                        if replies:
-                            await send(replies)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass  # the client went away
-            except OSError as error:
-                log.debug("torch store client %s: connection error: %s", peer, error)
-            finally:
-                session.close()
+            async with listener, anyio.create_task_group() as sessions:
+                self._sessions = sessions
+                self._port = listener.extra(SocketAttribute.local_port)
+                log.info(
+                    "torch store protocol served on %s for %s", self.endpoint, self.store.endpoint
+                )
+                task_status.started(self._port)
+                await listener.serve(partial(serve_stream, self))
+        finally:
+            self._sessions = None

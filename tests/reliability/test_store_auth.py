@@ -30,7 +30,7 @@ from aioelastic.store._tcp_codec import (
     encode_preamble,
     encode_request,
 )
-from aioelastic.store._tcp_server import _Session
+from aioelastic.store._tcp_session import Session
 from tests.network.secure_node import recording_proxy
 from tests.rendezvous.test_backends import join_all, unused_port
 
@@ -282,7 +282,7 @@ def test_once_per_peer_forgets_the_oldest_host_past_its_limit() -> None:
 # -- the server's handshake core, byte by byte --------------------------------------------
 
 
-def feed(session: _Session, data: bytes, cuts: list[int]) -> list[Reply]:
+def feed(session: Session, data: bytes, cuts: list[int]) -> list[Reply]:
     """Feed ``data`` to ``session`` cut at ``cuts``; return the decoded replies."""
     reader, replies, start = FrameReader(), [], 0
     for end in [*sorted(c % (len(data) + 1) for c in cuts), len(data)]:
@@ -300,7 +300,7 @@ def test_the_handshake_admits_exactly_the_right_proof_however_the_bytes_arrive(
     """Split anywhere, the right proof gets WELCOME and the server's own proof; any other bit
     pattern (``flip`` >= 0 flips one byte of it) gets REFUSED."""
     server = TCPStoreServer(token=TOKEN)
-    session = _Session(server, "198.18.0.3:4000", send=None, hangup=None)  # type: ignore[arg-type]
+    session = server.new_session("198.18.0.3:4000")
     hello = encode_preamble() + encode_request(Op.HELLO, 0, client_nonce)
     [challenge] = feed(session, hello, cuts)
     assert challenge.status is Status.CHALLENGE
@@ -312,7 +312,7 @@ def test_the_handshake_admits_exactly_the_right_proof_however_the_bytes_arrive(
     [answer] = feed(session, encode_request(Op.AUTH, 0, bytes(offered)), cuts)
     if flip >= 0:
         assert answer.status is Status.REFUSED
-        assert server.statistics().refused_connections == 1
+        assert session.counts.refused == 1
         return
     assert answer.status is Status.WELCOME
     server_proof = answer.fields[2]

@@ -1,0 +1,299 @@
+"""The server's transport seam: one :class:`Link` per connection, over either kind of connection.
+
+Theory of operation. A :class:`Link` is everything a connection does that does not depend on
+how bytes move: it feeds received bytes to the connection's session (ours,
+:class:`~._tcp_session.Session`, or torch's, :class:`~._torch_session.TorchSession`), returns
+the replies to send at once, holds the waits the session parks (each a task in the server's
+task group, cancelled when the client withdraws it or goes away) and, when our session finds
+a torch client, hands the connection to a torch session. Two kinds of connection drive a link
+and implement :class:`Sender` for it: :class:`ProtocolConnection` from asyncio's callbacks
+(the fast path: replies are written from the read callback, no task per read) and
+:func:`serve_stream` over an anyio stream (trio, TLS, and the torch-only listener). A
+:class:`LinkHost` (the server, or the torch listener) supplies sessions, the task group and the
+bookkeeping of open links.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, cast
+
+import anyio
+import anyio.abc
+from anyio.abc import SocketAttribute
+
+from aioelastic.store._tcp_codec import PREAMBLE
+from aioelastic.store._tcp_requests import WaitRequest
+from aioelastic.store._tcp_session import Session, hold
+from aioelastic.store._tls import TLS_FAILURES, NotTLSError, wrap_server_stream
+from aioelastic.store._torch_session import TorchService, TorchSession
+
+log = logging.getLogger("aioelastic.store.tcp")
+
+RECEIVE_SIZE = 65536
+
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+"""What sending to a client that went away raises."""
+
+
+def peer_name(address: object) -> str:
+    """``host:port`` of a socket address, for logs."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return "unknown peer" if address is None else str(address)
+
+
+class Sender(abc.ABC):
+    """What a link needs from its connection."""
+
+    @abc.abstractmethod
+    async def send(self, data: bytes) -> None:
+        """Send whole replies, in order (raises one of ``_GONE`` if the client went away)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the connection once what was sent is on its way."""
+
+
+class LinkHost(Protocol):
+    """What a link needs from the server that accepted its connection."""
+
+    @property
+    def torch(self) -> TorchService:
+        """Serves the torch clients."""
+
+    def new_session(self, peer: str) -> Session | None:
+        """Our protocol's session for a new connection; None if it serves torch's only."""
+
+    def spawn(self, function: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        """Run ``function(*args)`` in the server's task group."""
+
+    def opened(self, link: Link) -> None:
+        """A connection was accepted."""
+
+    def closed(self, link: Link) -> None:
+        """A connection is gone (called once)."""
+
+
+class Link:
+    """One connection's protocol, whichever kind of connection carries it (see the module)."""
+
+    def __init__(self, host: LinkHost, peer: str, sender: Sender) -> None:
+        self.host = host
+        self.peer = peer
+        self.sender = sender
+        self.session = host.new_session(peer)
+        self.torch: TorchSession | None = None
+        self.held: dict[int, anyio.CancelScope] = {}
+        self.waiting = 0
+        """Waits held now."""
+        self.lost = False
+        host.opened(self)
+        if self.session is None:
+            self._speak_torch()
+
+    @property
+    def closing(self) -> bool:
+        """Whether the connection is to be closed once the last replies are sent."""
+        return self.session is not None and self.session.closing
+
+    @property
+    def handshaking(self) -> bool:
+        """Whether our handshake is still to be done."""
+        session = self.session
+        return session is not None and not session.open and not self.lost
+
+    def received(self, data: bytes) -> bytes:
+        """Take received bytes; return the replies to send now (maybe empty)."""
+        torch = self.torch
+        if torch is not None:
+            return torch.receive(data)
+        session = self.session
+        assert session is not None
+        replies = session.receive(data)
+        if session.parked:
+            parked, session.parked = session.parked, []
+            for request in parked:
+                scope = self.held[request.request_id] = anyio.CancelScope()
+                self.host.spawn(self._hold, session, request, scope)
+        if session.withdrawn:
+            for request_id in session.withdrawn:
+                if (withdrawn := self.held.get(request_id)) is not None:
+                    withdrawn.cancel()
+            session.withdrawn.clear()
+        if session.torch_bytes is not None:
+            return self._speak_torch().receive(session.torch_bytes)
+        return replies
+
+    def _speak_torch(self) -> TorchSession:
+        """The client is torch's: a torch session answers it from now on."""
+        torch = self.torch = self.host.torch.session(
+            self.peer, send=self.sender.send, hangup=self.sender.close
+        )
+        self.host.spawn(torch.serve)
+        return torch
+
+    async def _hold(self, session: Session, request: WaitRequest, scope: anyio.CancelScope) -> None:
+        """Hold a parked wait, then send its reply (unless the client cancelled it)."""
+        self.waiting += 1
+        reply: bytes | None = None
+        try:
+            with scope:
+                reply = await hold(session.store, request)
+        finally:
+            self.waiting -= 1
+            del self.held[request.request_id]
+        reply = session.settle(request, reply)
+        if reply is not None:
+            with contextlib.suppress(*_GONE):  # if the client went away, the link cleans up
+                await self.sender.send(reply)
+
+    def close(self) -> None:
+        """The connection is gone: withdraw its waits (once)."""
+        if self.lost:
+            return
+        self.lost = True
+        if self.session is not None:
+            self.session.close()
+        for scope in self.held.values():
+            scope.cancel()
+        if self.torch is not None:
+            self.torch.close()
+        self.host.closed(self)
+
+
+class ProtocolConnection(asyncio.Protocol, Sender):
+    """Drives a :class:`Link` from asyncio's callbacks (no task per read or reply)."""
+
+    transport: asyncio.Transport
+
+    def __init__(self, host: LinkHost, handshake_timeout: float) -> None:
+        self.host = host
+        self.handshake_timeout = handshake_timeout
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.link = Link(self.host, peer_name(transport.get_extra_info("peername")), self)
+        self.timer: asyncio.TimerHandle | None = None
+        if self.link.handshaking:
+            self.timer = asyncio.get_running_loop().call_later(
+                self.handshake_timeout, self._handshake_expired
+            )
+
+    def data_received(self, data: bytes) -> None:
+        link = self.link
+        replies = link.received(data)
+        if replies:
+            self.transport.write(replies)
+        if link.closing:
+            self.transport.close()
+        elif self.timer is not None and not link.handshaking:
+            self.timer.cancel()
+            self.timer = None
+
+    def _handshake_expired(self) -> None:
+        self.timer = None
+        link = self.link
+        if link.handshaking and link.session is not None:
+            link.session.expire_handshake()
+            self.transport.abort()
+
+    def pause_writing(self) -> None:
+        self.transport.pause_reading()  # a client that does not read gets no more answers
+
+    def resume_writing(self) -> None:
+        self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.link.close()
+
+    async def send(self, data: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def abort(self) -> None:
+        self.transport.abort()
+
+
+class _StreamSender(Sender):
+    """Sends on an anyio stream (the TLS stream over it, once TLS is up), one send at a time."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.channel = stream
+        self.lock = anyio.Lock()
+        self.reading = anyio.CancelScope()
+
+    async def send(self, data: bytes) -> None:
+        async with self.lock:
+            await self.channel.send(data)
+
+    def close(self) -> None:
+        self.reading.cancel()  # the reading loop ends, and closes the stream
+
+
+async def serve_stream(
+    host: LinkHost,
+    stream: anyio.abc.SocketStream,
+    *,
+    handshake_timeout: float = 0.0,
+    tls: ssl.SSLContext | None = None,
+) -> None:
+    """Drive a :class:`Link` over ``stream`` until either end closes it.
+
+    With ``tls`` the TLS handshake runs first, so a peer that fails it is counted and refused
+    before anything is read; it and our handshake together get ``handshake_timeout``.
+    """
+    try:
+        address = stream.extra(SocketAttribute.remote_address)
+    except anyio.TypedAttributeLookupError:
+        address = None
+    sender = _StreamSender(stream)
+    link = Link(host, peer_name(address), sender)
+
+    async def exchange() -> bool:
+        """Receive once, send what the link answers; return whether to go on."""
+        replies = link.received(await sender.channel.receive(RECEIVE_SIZE))
+        if replies:
+            await sender.send(replies)
+        return not link.closing
+
+    try:
+        async with stream:
+            with sender.reading:
+                if link.handshaking:
+                    assert link.session is not None
+                    with anyio.move_on_after(handshake_timeout):
+                        if tls is not None:
+                            try:
+                                sender.channel = await wrap_server_stream(stream, tls)
+                            except TLS_FAILURES as error:
+                                refusal = link.session.refuse_tls(error)
+                                if isinstance(error, NotTLSError) and error.first.startswith(
+                                    PREAMBLE
+                                ):
+                                    await stream.send(refusal)  # our client, without TLS: say so
+                                return
+                        while link.handshaking:
+                            if not await exchange():
+                                return
+                    if link.handshaking:
+                        link.session.expire_handshake()
+                        return
+                while await exchange():
+                    pass
+    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass  # the client went away
+    except OSError as error:
+        log.debug("store client %s: connection error: %s", link.peer, error)
+    finally:
+        link.close()
