@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--handlers", type=int, default=1000)
     args = parser.parse_args()
 
-    from aioelastic.store._etcd_process import HOW_TO_GET_ETCD, EtcdCluster, find_etcd_binary
+    from aioelastic.testing import HOW_TO_GET_ETCD, EtcdCluster, find_etcd_binary
 
     binary = find_etcd_binary()
     if binary is None:

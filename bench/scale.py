@@ -501,7 +501,7 @@ def main() -> None:
         # each connection is one descriptor here and one in the server process
         chosen = [n for n in wanted if backend != "tcp" or n + 256 < limit]
         if backend == "etcd":
-            from aioelastic.store._etcd_process import EtcdCluster, find_etcd_binary
+            from aioelastic.testing import EtcdCluster, find_etcd_binary
 
             binary = find_etcd_binary()
             if binary is None:

@@ -35,7 +35,7 @@ import anyio
 import anyio.abc
 import grpc
 
-from aioelastic.store._etcd_process import EtcdCluster, EtcdMember
+from aioelastic.testing import EtcdCluster, EtcdMember
 from stress.conftest import Figures
 
 RUN_ID = "chaos"

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from aioelastic.store._etcd import EtcdStore
-from aioelastic.store._etcd_process import EtcdCluster
+from aioelastic.testing import EtcdCluster
 from tests.etcd_fixtures import etcd_binary, start_cluster
 
 __all__ = ["etcd_binary"]  # the fixture, imported for pytest

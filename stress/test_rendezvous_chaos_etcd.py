@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from aioelastic.store._etcd_process import EtcdCluster
+from aioelastic.testing import EtcdCluster
 from stress._chaos import Chaos, ChaosPlan, MemberFaults, Store, faults, report, seed
 from stress.conftest import Figures
 from tests.etcd_fixtures import etcd_binary, etcd_cluster

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from aioelastic.store._etcd_process import HOW_TO_GET_ETCD, EtcdCluster, find_etcd_binary
+from aioelastic.testing import HOW_TO_GET_ETCD, EtcdCluster, find_etcd_binary
 
 
 def _backend_name(anyio_backend: Any) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from aioelastic.store import StoreConnectionError
 from aioelastic.store._etcd import EtcdFailover, EtcdStore, EtcdStoreEvent
-from aioelastic.store._etcd_process import EtcdCluster, EtcdMember
+from aioelastic.testing import EtcdCluster, EtcdMember
 
 pytestmark = [
     pytest.mark.anyio,

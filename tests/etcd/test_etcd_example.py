@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from aioelastic.store._etcd_process import EtcdCluster
+from aioelastic.testing import EtcdCluster
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "etcd_store.py"
+CLUSTER_EXAMPLE = EXAMPLE.with_name("etcd_test_cluster.py")
 
 
 @pytest.mark.etcd
@@ -43,3 +45,17 @@ def test_readme_etcd_snippet_runs(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60
     )
     assert (result.returncode, result.stdout) == (0, "1\n"), result.stderr
+
+
+@pytest.mark.etcd
+def test_etcd_test_cluster_example_outlives_its_leader(etcd_binary: str) -> None:
+    """etcd_test_cluster.py: the test kit's 3-member cluster; an add after the leader's loss."""
+    done = subprocess.run(
+        [sys.executable, str(CLUSTER_EXAMPLE)],
+        env={**os.environ, "AIOELASTIC_ETCD_BINARY": etcd_binary},
+        capture_output=True,
+        text=True,
+        timeout=120,  # generous: three etcd processes, an election and a failover
+        check=True,
+    )
+    assert done.stdout.splitlines() == ["before: 1", "after the leader's loss: 2"]

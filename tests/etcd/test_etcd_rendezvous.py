@@ -20,7 +20,7 @@ from aioelastic.rendezvous import (
 )
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import EtcdStore
-from aioelastic.store._etcd_process import EtcdCluster
+from aioelastic.testing import EtcdCluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.etcd]
 

@@ -9,7 +9,7 @@ from aetcd import rpc
 
 from aioelastic.store import Store, StoreClosedError, StoreTimeoutError
 from aioelastic.store._etcd import EtcdLeaseLost, EtcdStore, EtcdStoreEvent
-from aioelastic.store._etcd_process import EtcdCluster
+from aioelastic.testing import EtcdCluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.etcd]
 

@@ -28,8 +28,7 @@ import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from aioelastic.store._etcd_process import HOW_TO_GET_ETCD, find_etcd_binary
-from aioelastic.testing import Host, Network
+from aioelastic.testing import HOW_TO_GET_ETCD, Host, Network, find_etcd_binary
 
 WORKER = """
 import json, os, socket, sys, time

@@ -13,6 +13,9 @@ import aioelastic.testing
 SURFACES = {
     aioelastic.testing: {
         "DEFAULT_CONFIG",
+        "HOW_TO_GET_ETCD",
+        "EtcdCluster",
+        "EtcdMember",
         "EventRecorder",
         "FaultUnsupportedError",
         "FaultyStore",
@@ -27,6 +30,7 @@ SURFACES = {
         "SimulatedWorker",
         "Stall",
         "WorldSimulation",
+        "find_etcd_binary",
         "unavailable_reason",
     },
     aioelastic.events: {

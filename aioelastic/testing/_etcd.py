@@ -1,7 +1,9 @@
-"""Run real etcd members on loopback, for tests and benchmarks.
+"""Real etcd members on loopback, for tests and benchmarks (ours and users').
 
 :class:`EtcdMember` is one ``etcd`` process (free ports, its own data directory, a log file);
-:class:`EtcdCluster` is one or more of them forming a cluster. Both are synchronous (they are
+:class:`EtcdCluster` is one or more of them forming a cluster, with the faults a test needs:
+``member.kill()`` / ``member.start()`` (a crash and a restart on the same data),
+``member.signal(SIGSTOP)`` (a stall), ``cluster.leader()``. Both are synchronous (they are
 used from pytest fixtures and benchmark set-up, outside any event loop). Readiness is awaited
 with a blocking gRPC read that waits for the member to serve, never with a sleep loop.
 Teardown sends SIGTERM to every member at once and SIGKILL to those still running after a
