@@ -3,7 +3,9 @@
 Servers, stores with background work and the agent all offer the same two ways to run:
 ``await task_group.start(obj.serve)`` inside a task group the caller owns, or ``async with obj:``,
 which runs ``serve`` in a task group the object owns and stops it on exit. :class:`Service`
-writes the second once, on top of the first.
+writes the second once, on top of the first. That task group is the component's boundary: a
+lone error leaves ``async with`` as itself (an ``OSError`` from a busy port, the block's own
+error), not wrapped in an exception group.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any, Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+
+from aioelastic._concurrency import unwrap_single_error
 
 
 class Service(abc.ABC):
@@ -33,7 +37,8 @@ class Service(abc.ABC):
         group = anyio.create_task_group()
         await group.__aenter__()
         try:
-            await group.start(self.serve)
+            with unwrap_single_error():
+                await group.start(self.serve)
         except BaseException:
             group.cancel_scope.cancel()
             await group.__aexit__(None, None, None)
@@ -51,4 +56,5 @@ class Service(abc.ABC):
         if group is None:
             raise RuntimeError(f"{type(self).__name__} was exited without being entered")
         self._stop_serving(group)
-        return await group.__aexit__(exc_type, exc, tb)
+        with unwrap_single_error():
+            return await group.__aexit__(exc_type, exc, tb)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from typing import Any
 
 import anyio
@@ -9,6 +11,7 @@ import pytest
 from anyio.abc import TaskGroup, TaskStatus
 
 from aioelastic._service import Service
+from aioelastic.store import TCPStoreServer
 
 pytestmark = pytest.mark.anyio
 
@@ -69,3 +72,35 @@ async def test_exit_without_enter_is_an_error() -> None:
     """Exiting a service that was never entered says so."""
     with pytest.raises(RuntimeError, match="Recorder was exited without being entered"):
         await Recorder().__aexit__(None, None, None)
+
+
+async def test_error_in_the_block_leaves_as_itself() -> None:
+    """The block's own error comes out of ``async with`` as itself, not in an exception group."""
+    with pytest.raises(KeyError, match="from the block"):
+        async with Recorder():
+            raise KeyError("from the block")
+
+
+async def test_failure_inside_serves_own_task_group_leaves_as_itself() -> None:
+    """An error raised in serve()'s own task group before it is ready is unwrapped too."""
+
+    class Nested(Recorder):
+        async def serve(self, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
+            async with anyio.create_task_group():
+                raise ValueError("cannot bind")
+
+    with pytest.raises(ValueError, match="cannot bind"):
+        async with Nested():
+            pass
+
+
+async def test_tcp_store_server_on_a_busy_port_raises_oserror() -> None:
+    """``async with TCPStoreServer(...)`` on a port in use raises OSError (EADDRINUSE)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError) as caught:
+            async with TCPStoreServer("127.0.0.1", port):
+                pass
+    assert caught.value.errno == errno.EADDRINUSE

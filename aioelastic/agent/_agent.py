@@ -37,6 +37,7 @@ from typing import IO, TYPE_CHECKING
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from aioelastic._concurrency import first_of, unwrap_single_error
 from aioelastic._service import Service
 from aioelastic._subscribers import Subscribers
 from aioelastic.agent._env import NodeSlot, RoundInfo, WorkerRanks, assign_ranks
@@ -57,7 +58,7 @@ from aioelastic.agent._events import (
     StacksCaptured,
     TimeoutsLearnedIn,
 )
-from aioelastic.agent._group import Consoles, Outcome, WorkerGroup, first_of, unwrap_single_error
+from aioelastic.agent._group import Consoles, Outcome, WorkerGroup
 from aioelastic.agent._guardian import Guardian, guardian_for
 from aioelastic.agent._logs import console_writer, make_run_log_dir
 from aioelastic.agent._recovery import Attempts

@@ -16,8 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from aioelastic._concurrency import first_of
 from aioelastic.agent._devices import numa_bound_argv, virtual_local_rank_env
 from aioelastic.agent._env import RoundInfo, WorkerRanks, worker_env
 from aioelastic.agent._events import (
@@ -54,36 +54,6 @@ T = TypeVar("T")
 PUMP_DRAIN_TIMEOUT = 5.0
 """How long output pumps may keep reading after their workers were reaped (an escaped
 grandchild can hold a pipe open forever)."""
-
-
-@contextmanager
-def unwrap_single_error() -> Iterator[None]:
-    """Re-raise a task group's lone exception as itself (through nested groups of one), so
-    callers catch what was raised."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        lone: BaseException = group
-        while isinstance(lone, BaseExceptionGroup) and len(lone.exceptions) == 1:
-            lone = lone.exceptions[0]
-        if lone is group:
-            raise
-        raise lone from None
-
-
-async def first_of(*waiters: Callable[[], Awaitable[T]]) -> T:
-    """Run ``waiters`` concurrently; return the first result and cancel the others."""
-    results: list[T] = []
-    with unwrap_single_error():
-        async with anyio.create_task_group() as tg:
-
-            async def run(waiter: Callable[[], Awaitable[T]]) -> None:
-                results.append(await waiter())
-                tg.cancel_scope.cancel()
-
-            for waiter in waiters:
-                tg.start_soon(run, waiter)
-    return results[0]
 
 
 class Outcome(enum.Enum):

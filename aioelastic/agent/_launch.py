@@ -444,9 +444,9 @@ async def launch(config: LaunchConfig) -> int:
 
 
 async def _run(config: LaunchConfig, guardian: Guardian) -> int:
+    from aioelastic._concurrency import unwrap_single_error
     from aioelastic.agent._agent import ElasticAgent
     from aioelastic.agent._errors import AgentError, WorkerSpecError
-    from aioelastic.agent._group import unwrap_single_error
     from aioelastic.agent._report import format_report
     from aioelastic.agent._spec import ForensicsSpec, WorkerSpec
     from aioelastic.agent._timeouts import TimeoutConflictError

@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 
-from aioelastic.agent._group import unwrap_single_error
+from aioelastic._concurrency import unwrap_single_error
 from aioelastic.events._jsonl import JsonLinesWriter
 from aioelastic.events._logging import WARNING_KINDS, LoggingSubscriber
 from aioelastic.events._stream import Emitter, EventStream

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import anyio
 
 from aioelastic._clock import Clock, MonotonicClock
-from aioelastic.agent._group import unwrap_single_error
+from aioelastic._concurrency import unwrap_single_error
 from aioelastic.events._stream import EventStream
 from aioelastic.rendezvous._errors import RendezvousError
 

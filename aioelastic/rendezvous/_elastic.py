@@ -439,29 +439,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     async def _before(self, deadline: float, call: Callable[[], Awaitable[T]]) -> T | None:
         """Return what ``call()`` returns, or None if ``deadline`` (on the clock) comes first."""
-        if deadline == math.inf:
+        with self._clock.move_on_at(deadline):
             return await call()
-        if isinstance(self._clock, MonotonicClock):
-            with anyio.CancelScope(deadline=deadline):
-                return await call()
-            return None
-        outcome: T | None = None
-        failure: Exception | None = None
-        async with anyio.create_task_group() as tg:
-
-            async def alarm() -> None:
-                await self._clock.sleep_until(deadline)
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(alarm)
-            try:
-                outcome = await call()
-            except Exception as error:  # raised as is below, not in an exception group
-                failure = error
-            tg.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-        return outcome
+        return None
 
     async def _abandon(self, machine: m.JoinMachine) -> None:
         """Best effort after a failed or cancelled join: withdraw the join record."""

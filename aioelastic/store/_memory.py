@@ -87,7 +87,6 @@ class MemoryStore(Store):
     def __init__(self, *, clock: Clock | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.timeout = self.resolve_timeout(timeout)
-        self._realtime = isinstance(self.clock, MonotonicClock)
         self._data: dict[str, bytes] = {}
         self._changed: dict[str, int] = {}  # key -> revision of its last change (incl. deletes)
         self._index = KeyIndex()  # the keys of _changed, by directory
@@ -334,19 +333,9 @@ class MemoryStore(Store):
         """Wait for ``event`` until ``deadline`` on the store's clock; return whether it fired."""
         if deadline == math.inf:
             await event.wait()
-        elif self._realtime:
-            with anyio.CancelScope(deadline=deadline):
-                await event.wait()
         else:
-            async with anyio.create_task_group() as tg:
-
-                async def alarm() -> None:
-                    await self.clock.sleep_until(deadline)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(alarm)
+            with self.clock.move_on_at(deadline):
                 await event.wait()
-                tg.cancel_scope.cancel()
         return event.is_set()
 
     def _deadline(self, timeout: float | None) -> tuple[float, float]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import anyio
 
@@ -11,14 +14,16 @@ import anyio
 class ManualClock:
     """A :class:`aioelastic._clock.Clock` whose time moves only through :meth:`advance`.
 
-    Tasks sleeping in :meth:`sleep_until` wake when time reaches their deadline, so timing
-    logic is tested without real sleeps.
+    Tasks sleeping in :meth:`sleep_until` wake, and :meth:`move_on_at` scopes are cancelled,
+    when :meth:`advance` moves time to their deadline, so timing logic is tested without real
+    sleeps. A sleeper that is cancelled, or a scope left before its deadline, is forgotten.
     """
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start
-        self._sleepers: list[tuple[float, int, anyio.Event]] = []
-        self._order = itertools.count()
+        self._due: list[tuple[float, int]] = []  # heap of (deadline, token)
+        self._wakers: dict[int, Callable[[], None]] = {}  # token -> wake-up, while waiting
+        self._tokens = itertools.count()
 
     def now(self) -> float:
         return self._now
@@ -28,21 +33,57 @@ class ManualClock:
             await anyio.lowlevel.checkpoint()
             return
         event = anyio.Event()
-        heapq.heappush(self._sleepers, (deadline, next(self._order), event))
-        await event.wait()
+        token = self._register(deadline, event.set)
+        try:
+            await event.wait()
+        finally:
+            self._forget(token)
+
+    @contextmanager
+    def move_on_at(self, deadline: float) -> Iterator[anyio.CancelScope]:
+        with anyio.CancelScope() as scope:
+            if deadline <= self._now:
+                scope.cancel()
+                yield scope
+            elif deadline == math.inf:
+                yield scope
+            else:
+                token = self._register(deadline, scope.cancel)
+                try:
+                    yield scope
+                finally:
+                    self._forget(token)
 
     def advance(self, seconds: float) -> None:
-        """Move time forward by ``seconds`` and wake every sleeper whose deadline passed."""
+        """Move time forward by ``seconds``; wake every sleeper and cancel every scope whose
+        deadline is reached."""
         if seconds < 0:
             raise ValueError(f"a clock cannot go backwards (advance by {seconds!r})")
         self._now += seconds
-        while self._sleepers and self._sleepers[0][0] <= self._now:
-            heapq.heappop(self._sleepers)[2].set()
+        due, wakers = self._due, self._wakers
+        while due and due[0][0] <= self._now:
+            wake = wakers.pop(heapq.heappop(due)[1], None)
+            if wake is not None:
+                wake()
 
     @property
     def sleepers(self) -> int:
-        """How many tasks are sleeping on this clock (wake-ups already due included)."""
-        return len(self._sleepers)
+        """How many tasks wait on this clock: sleeping, or inside a scope with a deadline."""
+        return len(self._wakers)
+
+    def _register(self, deadline: float, wake: Callable[[], None]) -> int:
+        token = next(self._tokens)
+        heapq.heappush(self._due, (deadline, token))
+        self._wakers[token] = wake
+        return token
+
+    def _forget(self, token: int) -> None:
+        """Drop a waiter that left before its deadline (a no-op once it was woken)."""
+        if self._wakers.pop(token, None) is None:
+            return
+        if len(self._due) > 2 * len(self._wakers) + 32:  # mostly the forgotten: compact
+            self._due = [entry for entry in self._due if entry[1] in self._wakers]
+            heapq.heapify(self._due)
 
     def __repr__(self) -> str:
         return f"ManualClock(now={self._now!r})"

@@ -395,15 +395,6 @@ class FileTimerServer(TimerServerBase):
 
     async def _finishes_by(self, wait: Callable[[], Awaitable[None]], deadline: float) -> bool:
         """Run ``wait()`` until it returns or ``deadline`` passes on the server's clock."""
-        finished = False
-        async with anyio.create_task_group() as group:
-
-            async def stop_at_deadline() -> None:
-                await self._clock.sleep_until(deadline)
-                group.cancel_scope.cancel()
-
-            group.start_soon(stop_at_deadline)
+        with self._clock.move_on_at(deadline) as scope:
             await wait()
-            finished = True
-            group.cancel_scope.cancel()
-        return finished
+        return not scope.cancelled_caught

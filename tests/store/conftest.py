@@ -9,7 +9,9 @@ skips the backends whose time they cannot drive.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
@@ -31,8 +33,8 @@ CLOCKED = {"memory", "prefix", "tcp"}
 class WatchedClock(ManualClock):
     """A manual clock that lets a test wait until tasks sleep on it (event-driven, no polling).
 
-    A waiting store call with a finite timeout sleeps on its store's clock, so "one more
-    sleeper" means "the call is parked": the test then exercises the wake-up path.
+    A waiting store call with a finite timeout sets a deadline on its store's clock, so "one
+    more sleeper" means "the call is parked": the test then exercises the wake-up path.
     """
 
     def __init__(self) -> None:
@@ -41,12 +43,19 @@ class WatchedClock(ManualClock):
         self._watchers: list[tuple[int, anyio.Event]] = []
 
     async def sleep_until(self, deadline: float) -> None:
-        if deadline > self.now():
+        self._count(deadline)
+        await super().sleep_until(deadline)
+
+    def move_on_at(self, deadline: float) -> AbstractContextManager[anyio.CancelScope]:
+        self._count(deadline)
+        return super().move_on_at(deadline)
+
+    def _count(self, deadline: float) -> None:
+        if self.now() < deadline < math.inf:
             self.sleeps += 1
             for count, event in self._watchers:
                 if self.sleeps >= count:
                     event.set()
-        await super().sleep_until(deadline)
 
     async def wait_sleeps(self, count: int) -> None:
         """Return once ``count`` sleeps have started on this clock in total."""

@@ -1,0 +1,101 @@
+"""The concurrency helpers: the first-of race and exception-group unwrapping."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from aioelastic._concurrency import first_of, lone_error, unwrap_single_error
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_first_of_returns_the_first_result_and_cancels_the_rest() -> None:
+    """The waiter that finishes first decides; the others are cancelled."""
+    go = anyio.Event()
+    cancelled: list[str] = []
+
+    async def slow() -> str:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.append("slow")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def fast() -> str:
+        await go.wait()
+        return "fast"
+
+    async def start() -> str:
+        go.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    assert await first_of(slow, fast, start) == "fast"
+    assert cancelled == ["slow"]
+
+
+async def test_first_of_raises_the_winners_error_as_itself() -> None:
+    """A waiter that fails first makes first_of raise that error, not an exception group."""
+
+    async def fails() -> int:
+        raise LookupError("gone")
+
+    with pytest.raises(LookupError, match="gone"):
+        await first_of(anyio.sleep_forever, fails)
+
+
+async def test_first_of_keeps_the_first_outcome_when_a_loser_fails_on_cancel() -> None:
+    """An error a loser raises while it is cancelled does not replace the winner's result."""
+
+    async def fails_when_cancelled() -> int:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            raise RuntimeError("cleanup failed")  # noqa: B012
+
+    async def wins() -> int:
+        await anyio.lowlevel.checkpoint()
+        return 7
+
+    assert await first_of(fails_when_cancelled, wins) == 7
+
+
+async def test_first_of_needs_a_waiter() -> None:
+    """A race without runners is a misuse and says so."""
+    with pytest.raises(ValueError, match="at least one waiter"):
+        await first_of()
+
+
+def test_lone_error_digs_through_groups_of_one() -> None:
+    """Nested groups of one give their leaf; a group of two stays the group."""
+    leaf = OSError(98, "in use")
+    assert lone_error(ExceptionGroup("outer", [ExceptionGroup("inner", [leaf])])) is leaf
+    pair = ExceptionGroup("two", [leaf, KeyError("k")])
+    assert lone_error(pair) is pair
+    assert lone_error(leaf) is leaf
+
+
+async def test_unwrap_raises_a_task_groups_lone_error_with_its_own_cause() -> None:
+    """A lone error leaves the task group as itself, keeping the cause it was raised with."""
+
+    async def fails() -> None:
+        raise KeyError("k") from ValueError("why")
+
+    with pytest.raises(KeyError) as caught, unwrap_single_error():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fails)
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+async def test_unwrap_leaves_several_errors_as_a_group() -> None:
+    """Two errors at once are both kept: the group passes through unchanged."""
+
+    async def fails(error: Exception) -> None:
+        raise error
+
+    with pytest.raises(ExceptionGroup) as caught, unwrap_single_error():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fails, KeyError("a"))
+            tg.start_soon(fails, LookupError("b"))
+    assert len(caught.value.exceptions) == 2
