@@ -52,7 +52,7 @@ async def test_first_of_keeps_the_first_outcome_when_a_loser_fails_on_cancel() -
         try:
             await anyio.sleep_forever()
         finally:
-            raise RuntimeError("cleanup failed")  # noqa: B012
+            raise RuntimeError("cleanup failed")
 
     async def wins() -> int:
         await anyio.lowlevel.checkpoint()
@@ -76,26 +76,30 @@ def test_lone_error_digs_through_groups_of_one() -> None:
     assert lone_error(leaf) is leaf
 
 
+async def fail_together(*errors: Exception) -> None:
+    """Raise each of ``errors`` in a task of its own, in one task group, unwrapped."""
+
+    async def fails(error: Exception) -> None:
+        raise error
+
+    with unwrap_single_error():
+        async with anyio.create_task_group() as tg:
+            for error in errors:
+                tg.start_soon(fails, error)
+
+
 async def test_unwrap_raises_a_task_groups_lone_error_with_its_own_cause() -> None:
     """A lone error leaves the task group as itself, keeping the cause it was raised with."""
-
-    async def fails() -> None:
-        raise KeyError("k") from ValueError("why")
-
-    with pytest.raises(KeyError) as caught, unwrap_single_error():
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(fails)
+    error = KeyError("k")
+    error.__cause__ = ValueError("why")
+    with pytest.raises(KeyError) as caught:
+        await fail_together(error)
+    assert caught.value is error
     assert isinstance(caught.value.__cause__, ValueError)
 
 
 async def test_unwrap_leaves_several_errors_as_a_group() -> None:
     """Two errors at once are both kept: the group passes through unchanged."""
-
-    async def fails(error: Exception) -> None:
-        raise error
-
-    with pytest.raises(ExceptionGroup) as caught, unwrap_single_error():
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(fails, KeyError("a"))
-            tg.start_soon(fails, LookupError("b"))
+    with pytest.raises(ExceptionGroup) as caught:
+        await fail_together(KeyError("a"), LookupError("b"))
     assert len(caught.value.exceptions) == 2

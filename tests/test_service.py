@@ -100,7 +100,7 @@ async def test_tcp_store_server_on_a_busy_port_raises_oserror() -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(OSError) as caught:
+        with pytest.raises(OSError, match=r"(?i)address already in use") as caught:
             async with TCPStoreServer("127.0.0.1", port):
                 pass
     assert caught.value.errno == errno.EADDRINUSE
