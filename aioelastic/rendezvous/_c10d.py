@@ -66,15 +66,6 @@ def parse_endpoint(endpoint: str, default_port: int = DEFAULT_PORT) -> tuple[str
     return host, port
 
 
-def _os_error(error: BaseException) -> OSError | None:
-    """The OSError behind ``error``, also when a task group wrapped it in an exception group."""
-    if isinstance(error, OSError):
-        return error
-    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        return _os_error(error.exceptions[0])
-    return None
-
-
 @asynccontextmanager
 async def open_tcp_store(
     host: str,
@@ -102,13 +93,10 @@ async def open_tcp_store(
                 raise RendezvousParameterError(str(error)) from None
             try:
                 await stack.enter_async_context(server)
-            except Exception as error:
-                cause = _os_error(error)
-                if cause is None:
-                    raise
-                if is_host or cause.errno != errno.EADDRINUSE:
+            except OSError as error:
+                if is_host or error.errno != errno.EADDRINUSE:
                     raise RendezvousConnectionError(
-                        f"cannot serve the rendezvous store on {bind}:{port}: {cause}; free the "
+                        f"cannot serve the rendezvous store on {bind}:{port}: {error}; free the "
                         "port or choose another endpoint"
                     ) from error
                 logger.info(

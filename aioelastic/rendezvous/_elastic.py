@@ -30,6 +30,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from aioelastic._clock import Clock, MonotonicClock
+from aioelastic._concurrency import first_of
 from aioelastic._subscribers import Subscribers
 from aioelastic.rendezvous import _machine as m
 from aioelastic.rendezvous._errors import (
@@ -409,26 +410,18 @@ class ElasticRendezvousHandler(RendezvousHandler):
         """Return once the round changed or a lapsed joiner's liveness key is back."""
         store = self._store
         assert store is not None
-        failures: list[StoreError] = []
-        async with anyio.create_task_group() as tg:
-
-            async def first(call: Awaitable[object]) -> None:
-                try:
-                    await call
-                except StoreError as error:  # raised below, not as an exception group
-                    failures.append(error)
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(
-                first,
-                store.wait_for_change(
-                    m.round_prefix(round_), after=self._watch_from, timeout=math.inf
-                ),
-            )
-            for node in lapsed:
-                tg.start_soon(first, store.wait([m.alive_key(node)], timeout=math.inf))
-        if failures:
-            raise failures[0]
+        await first_of(
+            functools.partial(
+                store.wait_for_change,
+                m.round_prefix(round_),
+                after=self._watch_from,
+                timeout=math.inf,
+            ),
+            *(
+                functools.partial(store.wait, [m.alive_key(node)], timeout=math.inf)
+                for node in lapsed
+            ),
+        )
         return True
 
     async def _await_result(self, round_: int, deadline: float) -> m.Event:
@@ -578,18 +571,22 @@ class ElasticRendezvousHandler(RendezvousHandler):
         costs the world nothing), and once the lease lapses :meth:`_watch_lease` fences the
         round, which stops the workers before anyone may take their ranks.
         """
+        successor = m.ring_successor(result.members, self._node)
+        watch_successor: list[Callable[[], Awaitable[None]]] = []
+        if successor is not None:
+
+            async def watch_successor_meanwhile() -> None:  # the inbox watch decides the end
+                await self._watch_successor(result, successor)
+                await anyio.sleep_forever()
+
+            watch_successor.append(watch_successor_meanwhile)
         with scope:
             while True:
                 try:
-                    async with anyio.create_task_group() as tg:
-                        successor = m.ring_successor(result.members, self._node)
-                        if successor is not None:
-                            tg.start_soon(self._watch_successor, result, successor)
-                        await self._watch_inbox(result)
-                        tg.cancel_scope.cancel()
+                    await first_of(functools.partial(self._watch_inbox, result), *watch_successor)
                     return
-                except* StoreError as group:
-                    error = group.exceptions[0]
+                except StoreError as failure:
+                    error = failure
                 if self._lease.lapsed(self._clock.now()):
                     return
                 logger.warning(

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from aioelastic._concurrency import first_of
 from aioelastic.store._errors import StoreConnectionError
 from aioelastic.store._etcd_combine import SharedCalls
 from aioelastic.store._etcd_events import EtcdWatchResumed
@@ -115,25 +116,13 @@ class Watches:
         # "hasleader": etcd ends the watch if this member loses its leader (no stale waits).
         self._conn.requests += 1
         call = member.watch.Watch(metadata=(*(member.metadata or ()), ("hasleader", "true")))
-        ended: list[int | Exception | None] = []  # the first of: the watch's result, a failure
-
-        async def first(step: Awaitable[int | None]) -> None:
-            try:
-                ended.append(await step)
-            except Exception as error:  # raised below, not as an exception group
-                ended.append(error)
-            tg.cancel_scope.cancel()
-
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(first, _read_watch(call, member, ranges, start_revision, established))
-                tg.start_soon(first, self._probe(member))
+            return await first_of(
+                functools.partial(_read_watch, call, member, ranges, start_revision, established),
+                functools.partial(self._probe, member),
+            )
         finally:
             call.cancel()
-        outcome = ended[0]
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
 
     async def _probe(self, member: Member) -> int | None:
         """Raise :class:`StoreConnectionError` once ``member`` stops answering a small read

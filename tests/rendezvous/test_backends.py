@@ -98,6 +98,21 @@ async def test_c10d_unreachable_store_is_a_connection_error() -> None:
             pass
 
 
+async def test_c10d_host_on_a_busy_port_says_what_to_do() -> None:
+    """A node told to host the store, on a port another process holds, fails naming the port."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        handler = get_rendezvous_handler(params("c10d", port, (1, 2), is_host="true"))
+        with pytest.raises(
+            RendezvousConnectionError,
+            match=f"cannot serve the rendezvous store on 127.0.0.1:{port}: .*free the port",
+        ):
+            async with handler:
+                pass
+
+
 async def test_static_nodes_get_their_configured_ranks() -> None:
     """Static: rank from the config, one master for everyone, fixed world size."""
     port = unused_port()
