@@ -45,6 +45,7 @@ events it accepts and the phases they may lead to; anything else is a
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
@@ -206,8 +207,16 @@ class Tick:
     """Time passed: deadlines up to ``now`` are due."""
 
 
-Event = Ready | Entered | Exited | NodeLost | NodeJoined | Tick
-EVENT_TYPES: tuple[type, ...] = (Ready, Entered, Exited, NodeLost, NodeJoined, Tick)
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """Generation ``generation``'s deadline passed (the replicated form of :class:`Tick`: every
+    replica of a job's machine decides the same, whatever its clock says)."""
+
+    generation: int
+
+
+Event = Ready | Entered | Exited | NodeLost | NodeJoined | Tick | TimedOut
+EVENT_TYPES: tuple[type, ...] = (Ready, Entered, Exited, NodeLost, NodeJoined, Tick, TimedOut)
 
 # -- commands (outputs) -------------------------------------------------------------------------
 
@@ -308,6 +317,7 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         NodeLost: frozenset({Phase.FELL_BACK}),
         NodeJoined: frozenset({Phase.FELL_BACK}),
         Tick: frozenset({Phase.WAITING}),
+        TimedOut: frozenset({Phase.WAITING}),
     },
     Phase.FORMING: {
         Ready: frozenset({Phase.FORMING}),
@@ -316,6 +326,7 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         NodeLost: frozenset({Phase.FORMING, Phase.FELL_BACK}),
         NodeJoined: frozenset({Phase.FORMING}),
         Tick: frozenset({Phase.FORMING, Phase.FELL_BACK}),
+        TimedOut: frozenset({Phase.FORMING, Phase.FELL_BACK}),
     },
     Phase.RUNNING: {
         Ready: frozenset({Phase.RUNNING, Phase.FORMING}),
@@ -324,6 +335,7 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         NodeLost: frozenset({Phase.FORMING, Phase.FELL_BACK, Phase.RUNNING}),
         NodeJoined: frozenset({Phase.RUNNING}),
         Tick: frozenset({Phase.RUNNING}),
+        TimedOut: frozenset({Phase.RUNNING}),
     },
     # Terminal: the shell may still report exits of what it stops; nothing changes any more.
     Phase.FINISHED: {kind: frozenset({Phase.FINISHED}) for kind in EVENT_TYPES},
@@ -487,6 +499,11 @@ class GenerationMachine:
                 if now >= self.deadline:
                     return self._fall_back(self._why_not_formed())
                 return []
+            case TimedOut(generation=number):
+                current = self.generation
+                if self.phase is Phase.FORMING and current is not None and current.number == number:
+                    return self._fall_back(self._why_not_formed())
+                return []  # that generation formed or ended meanwhile
         raise AssertionError(event)  # pragma: no cover
 
     def _known(self, event: Event, key: WorkerKey) -> _Worker:
@@ -839,3 +856,102 @@ def suspects(
     others out). A minority in trouble is taken for its own bug: nobody is evicted."""
     silent = tuple(key for key in members if key not in troubled)
     return silent if silent and 2 * len(troubled) > len(members) else ()
+
+
+# -- the replicated log ------------------------------------------------------------------------
+# Across nodes, every agent runs its own replica of the job's machine. The replicas agree because
+# they are fed the same events in the same order: a log in the job's store, each entry appended by
+# the agent that saw it happen (a worker of its node asked, entered or exited; a node was lost or
+# joined; a deadline passed). The machine is deterministic given that order; ``now`` only feeds
+# reports (each replica's own clock), and deadlines enter the log as :class:`TimedOut`.
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """The first entry of a job's log: the nodes its machine starts with."""
+
+    nodes: Mapping[int, NodeSpec]
+    first_generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One entry of a job's generation log."""
+
+    event: Event | Begin
+    by: str = ""
+    """The agent that appended it (a token unique to that agent); empty for :class:`Begin`,
+    which every agent writes alike."""
+    serial: int = 0
+    """The appender's own count: no two entries are the same bytes."""
+    pid: int | None = None
+    """With :class:`Ready`: the worker's process id (for reports on every node)."""
+
+
+class GenerationLogError(ValueError):
+    """A generation log entry could not be decoded (the message names the bytes)."""
+
+    def __init__(self, raw: bytes, why: str) -> None:
+        super().__init__(f"bad generation log entry {raw[:200]!r}: {why}")
+
+
+def encode_entry(entry: LogEntry) -> bytes:
+    """The bytes of ``entry`` (equal entries give equal bytes)."""
+    event = entry.event
+    body: object
+    match event:
+        case Begin():
+            nodes = sorted(event.nodes.items())
+            body = {
+                "begin": [[n, x.local_world_size, x.spares] for n, x in nodes],
+                "first": event.first_generation,
+            }
+        case Ready(worker=w):
+            body = {"ready": [w.node, w.serial]}
+        case Entered(worker=w, generation=number):
+            body = {"entered": [w.node, w.serial, number]}
+        case Exited(worker=w, returncode=code):
+            body = {"exited": [w.node, w.serial, code]}
+        case NodeLost(node=node):
+            body = {"lost": node}
+        case NodeJoined(node=node, spec=spec):
+            body = {"joined": [node, spec.local_world_size, spec.spares]}
+        case TimedOut(generation=number):
+            body = {"timeout": number}
+        case Tick():
+            raise ValueError("Tick is local to one machine: a replicated log carries TimedOut")
+    record = {"e": body, "by": entry.by, "n": entry.serial, "pid": entry.pid}
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_entry(raw: bytes) -> LogEntry:
+    """The entry ``raw`` encodes; :class:`GenerationLogError` if it encodes none."""
+    try:
+        record = json.loads(raw)
+        body, by, serial, pid = record["e"], str(record["by"]), int(record["n"]), record["pid"]
+        (kind,) = (k for k in body if k != "first")
+        value = body[kind]
+        event: Event | Begin
+        match kind:
+            case "begin":
+                nodes = {int(n): NodeSpec(int(size), int(spares)) for n, size, spares in value}
+                event = Begin(nodes, int(body["first"]))
+            case "ready":
+                event = Ready(WorkerKey(int(value[0]), int(value[1])))
+            case "entered":
+                event = Entered(WorkerKey(int(value[0]), int(value[1])), int(value[2]))
+            case "exited":
+                event = Exited(WorkerKey(int(value[0]), int(value[1])), int(value[2]))
+            case "lost":
+                event = NodeLost(int(value))
+            case "joined":
+                event = NodeJoined(int(value[0]), NodeSpec(int(value[1]), int(value[2])))
+            case "timeout":
+                event = TimedOut(int(value))
+            case _:
+                raise GenerationLogError(raw, f"unknown kind {kind!r}")
+    except GenerationLogError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise GenerationLogError(raw, f"{type(exc).__name__}: {exc}") from None
+    return LogEntry(event, by, serial, None if pid is None else int(pid))

@@ -12,15 +12,22 @@ sim.fail(sim.member(2))                     # rank 2 dies: its spare takes the s
 sim.enter_all()
 assert sim.machine.generation.number == 2
 ```
+
+With ``replicas=N`` the simulation is a job over many agents: every event goes through the
+generation log's codec and is fed to N replicas of the machine, each on a clock of its own (an
+offset), and every replica must say exactly what the first one says. A node that joins gets a
+late replica that replays the whole log first, as a joining agent does. Deadlines then enter the
+log as :class:`~aioelastic.agent._generations.TimedOut`, as the agents append them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aioelastic.agent._generations import (
     Assign,
+    Begin,
     Command,
     EndWorld,
     Entered,
@@ -32,6 +39,7 @@ from aioelastic.agent._generations import (
     GenerationAssigned,
     GenerationFormed,
     GenerationMachine,
+    LogEntry,
     NodeJoined,
     NodeLost,
     NodeSpec,
@@ -41,7 +49,10 @@ from aioelastic.agent._generations import (
     Spawn,
     Stop,
     Tick,
+    TimedOut,
     WorkerKey,
+    decode_entry,
+    encode_entry,
 )
 from aioelastic.testing._clock import ManualClock
 
@@ -64,6 +75,12 @@ class SimulatedWorker:
         return None
 
 
+def _decisions(commands: list[Command]) -> list[Command]:
+    return [
+        replace(c, since_failure=None) if isinstance(c, GenerationFormed) else c for c in commands
+    ]
+
+
 class ProtocolViolation(AssertionError):
     """The generation machine broke one of its promises (the message says which)."""
 
@@ -71,10 +88,26 @@ class ProtocolViolation(AssertionError):
 class WorldSimulation:
     """A job's workers and the generation machine that looks after them (see the module)."""
 
-    def __init__(self, nodes: Mapping[int, NodeSpec], *, recovery_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        nodes: Mapping[int, NodeSpec],
+        *,
+        recovery_timeout: float = 30.0,
+        replicas: int = 1,
+    ) -> None:
+        if replicas < 1:
+            raise ValueError(f"a simulation needs at least one replica, got {replicas!r}")
         self.clock = ManualClock()
         self.specs = dict(nodes)
+        self._initial = dict(nodes)
+        self.recovery_timeout = recovery_timeout
         self.machine = GenerationMachine(nodes, recovery_timeout=recovery_timeout)
+        self.replicas = [
+            GenerationMachine(nodes, recovery_timeout=recovery_timeout) for _ in range(replicas - 1)
+        ]
+        """The other agents' replicas (``replicas=N``), each fed every logged event."""
+        self.log: list[bytes] = []
+        """The generation log so far (replicated simulations only)."""
         self.running: dict[WorkerKey, SimulatedWorker] = {}
         self.exited: dict[WorkerKey, int] = {}
         self.generations: list[Generation] = []
@@ -82,7 +115,10 @@ class WorldSimulation:
         self.fallback: str | None = None
         self.finished = False
         self.commands: list[Command] = []
-        self._apply(self.machine.start(self.clock.now()))
+        commands = self.machine.start(self.clock.now())
+        for index, replica in enumerate(self.replicas, 1):
+            self._agree(index, commands, replica.start(self._their_now(index)))
+        self._apply(commands)
 
     # -- what happens to the processes ---------------------------------------------------------
 
@@ -113,14 +149,26 @@ class WorldSimulation:
         self._send(NodeLost(node))
 
     def join_node(self, node: int, spec: NodeSpec) -> None:
-        """A new node's agent joins the job."""
+        """A new node's agent joins the job (replicated: it replays the log first)."""
         self.specs[node] = spec
+        if self.replicas:
+            late = GenerationMachine(self._initial, recovery_timeout=self.recovery_timeout)
+            late.start(self.clock.now())
+            for raw in self.log:
+                logged = decode_entry(raw).event
+                assert not isinstance(logged, Begin)
+                late.send(logged, self.clock.now())
+            self.replicas.append(late)
         self._send(NodeJoined(node, spec))
 
     def advance(self, seconds: float) -> None:
         """Time passes (deadlines that are due fire)."""
         self.clock.advance(seconds)
-        self._send(Tick())
+        generation = self.machine.generation
+        if not self.replicas:
+            self._send(Tick())
+        elif generation is not None and self.clock.now() >= self.machine.deadline:
+            self._send(TimedOut(generation.number))
 
     # -- conveniences ---------------------------------------------------------------------------
 
@@ -164,7 +212,28 @@ class WorldSimulation:
     # -- the machine and its promises --------------------------------------------------------------
 
     def _send(self, event: Event) -> None:
-        self._apply(self.machine.send(event, self.clock.now()))
+        if not self.replicas:
+            self._apply(self.machine.send(event, self.clock.now()))
+            return
+        raw = encode_entry(LogEntry(event, "sim", len(self.log)))
+        self.log.append(raw)
+        logged = decode_entry(raw).event
+        if logged != event:
+            raise ProtocolViolation(f"the log turned {event} into {logged}")
+        commands = self.machine.send(event, self.clock.now())
+        for index, replica in enumerate(self.replicas, 1):
+            self._agree(index, commands, replica.send(event, self._their_now(index)))
+        self._apply(commands)
+
+    def _their_now(self, index: int) -> float:
+        """Replica ``index``'s clock: another host's monotonic clock, far from ours."""
+        return self.clock.now() + 1000.0 * index
+
+    @staticmethod
+    def _agree(index: int, ours: list[Command], theirs: list[Command]) -> None:
+        """Replicas say the same, but for how long a recovery took (each by its own clock)."""
+        if _decisions(ours) != _decisions(theirs):
+            raise ProtocolViolation(f"replica {index} said {theirs}, the first said {ours}")
 
     def _apply(self, commands: list[Command]) -> None:
         for command in commands:

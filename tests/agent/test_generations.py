@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from aioelastic.agent._generations import (
+    Begin,
+    Entered,
+    Exited,
     FallBack,
     Generation,
+    GenerationLogError,
     GenerationMachine,
     GenerationProtocolError,
+    LogEntry,
+    NodeJoined,
+    NodeLost,
     NodeSpec,
     Phase,
     Ready,
     Spawn,
+    Tick,
+    TimedOut,
     WorkerKey,
+    decode_entry,
+    encode_entry,
     suspects,
 )
 from aioelastic.testing import WorldSimulation
@@ -198,6 +211,7 @@ class RandomWorld(RuleBasedStateMachine):
     """Random failures, spares dying, agents dying, nodes joining and time passing."""
 
     sim: WorldSimulation
+    replicas = 1
 
     @initialize(
         sizes=st.lists(st.integers(1, 3), min_size=1, max_size=3),
@@ -205,7 +219,9 @@ class RandomWorld(RuleBasedStateMachine):
     )
     def start(self, sizes: list[int], spares: int) -> None:
         self.sim = WorldSimulation(
-            {n: NodeSpec(size, spares) for n, size in enumerate(sizes)}, recovery_timeout=10.0
+            {n: NodeSpec(size, spares) for n, size in enumerate(sizes)},
+            recovery_timeout=10.0,
+            replicas=self.replicas,
         )
         self.next_node = len(sizes)
 
@@ -281,6 +297,22 @@ RandomWorld.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_random_world = RandomWorld.TestCase
+
+
+class RandomReplicatedWorld(RandomWorld):
+    """The same random worlds over three agents' replicas fed through the generation log (and
+    a late replica per joining node that replays it): they never disagree."""
+
+    replicas = 3
+
+
+RandomReplicatedWorld.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_random_replicated_world = RandomReplicatedWorld.TestCase
 
 
 def test_workers_mixing_the_api_and_plain_exits_fall_back_saying_why() -> None:
@@ -362,3 +394,79 @@ def test_a_generations_lookups_agree_with_its_member_list(
         place = generation.place_of(key)
         assert (place.rank, place.local_rank, place.is_fresh) == (rank, rank, key in fresh)
     assert WorkerKey(9, 0) not in generation
+
+
+SPECS = st.builds(NodeSpec, st.integers(1, 8), st.integers(0, 2))
+EVENTS = st.one_of(
+    st.builds(Ready, st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99))),
+    st.builds(Entered, st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99)), st.integers(1)),
+    st.builds(Exited, st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99)), st.integers()),
+    st.builds(NodeLost, st.integers(0, 2**40)),
+    st.builds(
+        NodeJoined, st.integers(0), st.builds(NodeSpec, st.integers(1, 8), st.integers(0, 2))
+    ),
+    st.builds(TimedOut, st.integers(1)),
+    st.builds(
+        Begin,
+        st.dictionaries(st.integers(0), SPECS),
+        st.integers(1),
+    ),
+)
+
+
+@given(EVENTS, st.text(max_size=20), st.integers(0), st.none() | st.integers(1, 2**22))
+def test_a_log_entry_survives_its_codec(event: Any, by: str, serial: int, pid: int | None) -> None:
+    """Every event the log carries decodes to itself, with who appended it."""
+    entry = LogEntry(event, by, serial, pid)
+    assert decode_entry(encode_entry(entry)) == entry
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"[]", b'{"e": {"ready": [1]}, "by": "", "n": 0, "pid": null}', b'{"e": {"nap": 1}}'],
+)
+def test_a_bad_log_entry_is_an_error_that_shows_it(raw: bytes) -> None:
+    """Bytes that encode no entry raise GenerationLogError naming them."""
+    with pytest.raises(GenerationLogError, match="bad generation log entry"):
+        decode_entry(raw)
+
+
+def test_a_tick_never_enters_the_log() -> None:
+    """Only TimedOut carries a deadline between replicas (a Tick depends on one clock)."""
+    with pytest.raises(ValueError, match="TimedOut"):
+        encode_entry(LogEntry(Tick()))
+
+
+def test_a_timed_out_generation_falls_back_on_every_replica_whatever_their_clocks() -> None:
+    """TimedOut(n) falls back while n forms; a TimedOut of a formed generation changes nothing."""
+    sim = WorldSimulation({0: NodeSpec(1), 1: NodeSpec(1)}, replicas=3, recovery_timeout=5.0)
+    sim.enter_all()
+    sim.advance(6.0)  # generation 1 formed: its deadline is gone
+    assert sim.machine.phase is Phase.RUNNING
+    sim.fail(sim.member(1))
+    sim.ready_all()
+    sim.advance(6.0)
+    assert sim.fallback is not None
+    assert "generation 2 did not form within 5 s" in sim.fallback
+    assert all(r.phase is Phase.FELL_BACK for r in sim.replicas)
+
+
+def test_a_node_lost_and_rejoining_keeps_the_survivors_on_every_replica() -> None:
+    """Node 1 lost, then back (a late replica replays the log): survivors keep their workers."""
+    sim = WorldSimulation({0: NodeSpec(2), 1: NodeSpec(1), 2: NodeSpec(1)}, replicas=3)
+    sim.enter_all()
+    first = sim.machine.generation
+    assert first is not None
+    sim.lose_node(1)
+    sim.enter_all()
+    smaller = sim.machine.generation
+    assert smaller is not None
+    assert smaller.world_size == 3
+    assert set(smaller.members) < set(first.members)
+    sim.join_node(1, NodeSpec(1))
+    sim.enter_all()
+    larger = sim.machine.generation
+    assert larger is not None
+    assert larger.world_size == 4
+    assert set(smaller.members) < set(larger.members)
+    assert [larger.members[r] for r in range(3)] == list(smaller.members)
