@@ -154,14 +154,14 @@ async def fetch_status(
     """Read run ``run_id``'s rendezvous keys from its store and decode them."""
     from aioelastic._status import read_status
     from aioelastic.rendezvous import RendezvousConnectionError
-    from aioelastic.rendezvous import _machine as m
+    from aioelastic.rendezvous import _layout as layout
     from aioelastic.store import PrefixStore, StoreError
 
     async with open_store(backend, endpoint, run_id, conf, timeout) as store:
         run = PrefixStore(f"rdzv/{run_id}", store)
         try:
             snapshot = await run.get_prefix("")
-            ttl_left = await _liveness_ttls(run, m.parse_alive(snapshot.items))
+            ttl_left = await _liveness_ttls(run, layout.parse_alive(snapshot.items))
         except StoreError as error:
             raise RendezvousConnectionError(f"reading run {run_id!r} failed: {error}") from error
     return read_status(run_id, snapshot.items, ttl_left)
@@ -194,12 +194,12 @@ async def fetch_stacks(
 
 async def _liveness_ttls(run: Store, nodes: Iterable[int]) -> dict[int, float]:
     """The seconds each node's liveness key has left, on the store's clock (what it can say)."""
-    from aioelastic.rendezvous import _machine as m
+    from aioelastic.rendezvous import _layout as layout
 
     left: dict[int, float] = {}
     for node in nodes:
         try:
-            remaining = await run.ttl_remaining(m.alive_key(node))
+            remaining = await run.ttl_remaining(layout.alive_key(node))
         except NotImplementedError:
             return {}
         if remaining is not None:

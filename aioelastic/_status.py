@@ -1,7 +1,7 @@
 """A job's state as its rendezvous store knows it, and a node's watchdog timers: pure decoding
 and plain-text tables.
 
-Reads the elastic rendezvous keys of one run (the layout of :mod:`aioelastic.rendezvous._machine`)
+Reads the elastic rendezvous keys of one run (the layout of :mod:`aioelastic.rendezvous._layout`)
 from a snapshot and says: the last sealed round and its participants (rank, node id, host,
 alive or not), the nodes waiting for the next round, nodes reported lost, and whether the run
 is closed. Liveness is the store's verdict (a node's TTL key exists), never a clock comparison;
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aioelastic.agent._generations import GENERATION_PREFIX
-from aioelastic.rendezvous import _machine as m
+from aioelastic.rendezvous import _layout as layout
 
 if TYPE_CHECKING:
     from aioelastic.agent._stack_requests import RankStack
@@ -73,30 +73,30 @@ def read_status(
 
     ``ttl_left`` maps node ids to the seconds their liveness key has left, as the store said.
     """
-    latest = int(items.get(m.LATEST_KEY, b"0"))
-    alive = m.parse_alive(items)
+    latest = int(items.get(layout.LATEST_KEY, b"0"))
+    alive = layout.parse_alive(items)
     left = ttl_left or {}
 
     def node_status(node: int, rank: int, addr: str) -> NodeStatus:
         if node not in alive:
             return NodeStatus(node, rank, addr, False)
         remaining = left.get(node)
-        timeout = m.parse_heartbeat_timeout(items[m.alive_key(node)])
+        timeout = layout.parse_heartbeat_timeout(items[layout.alive_key(node)])
         age = None if remaining is None or timeout is None else max(0.0, timeout - remaining)
         return NodeStatus(node, rank, addr, True, age, remaining)
 
-    result_data = items.get(m.result_key(latest)) if latest else None
+    result_data = items.get(layout.result_key(latest)) if latest else None
     participants: tuple[NodeStatus, ...] = ()
-    if result_data is not None and result_data != m.CLOSED_RESULT:
-        result = m.RoundResult.decode(latest, result_data)
-        joined = m.parse_records(_under(items, m.join_prefix(latest)))
+    if result_data is not None and result_data != layout.CLOSED_RESULT:
+        result = layout.RoundResult.decode(latest, result_data)
+        joined = layout.parse_records(_under(items, layout.join_prefix(latest)))
         participants = tuple(
             node_status(node, rank, joined[node].addr if node in joined else "?")
             for rank, node in enumerate(result.members)
         )
-    upcoming = m.parse_records(_under(items, m.join_prefix(latest + 1)))
+    upcoming = layout.parse_records(_under(items, layout.join_prefix(latest + 1)))
     waiting = tuple(node_status(node, -1, record.addr) for node, record in sorted(upcoming.items()))
-    lost_prefix = f"{m.round_prefix(latest + 1)}lost/"
+    lost_prefix = f"{layout.round_prefix(latest + 1)}lost/"
     lost = {
         int(key.rsplit("/", 1)[1]): value.decode("utf-8", "replace")
         for key, value in items.items()
@@ -105,11 +105,11 @@ def read_status(
     return RunStatus(
         run_id=run_id,
         round=latest,
-        closed=m.CLOSED_KEY in items,
+        closed=layout.CLOSED_KEY in items,
         participants=participants,
         waiting=waiting,
         lost=lost,
-        nodes_seen=int(items.get(m.NODE_IDS_KEY, b"0")),
+        nodes_seen=int(items.get(layout.NODE_IDS_KEY, b"0")),
         generations=_generations(_under(items, f"store/{latest}/{GENERATION_PREFIX}")),
     )
 

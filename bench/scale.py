@@ -50,7 +50,7 @@ from pathlib import Path
 import anyio
 
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
-from aioelastic.rendezvous._machine import alive_key
+from aioelastic.rendezvous._layout import alive_key
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import MemoryStore, Snapshot, Store, TCPStore, Value
 from aioelastic.testing import FaultyStore

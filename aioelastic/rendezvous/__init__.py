@@ -15,6 +15,7 @@ from aioelastic.rendezvous._errors import (
     RendezvousParameterError,
     RendezvousStateError,
     RendezvousTimeoutError,
+    RendezvousUsageError,
 )
 from aioelastic.rendezvous._handler import RendezvousHandler
 from aioelastic.rendezvous._info import (
@@ -58,6 +59,7 @@ __all__ = [
     "RendezvousStatistics",
     "RendezvousStoreInfo",
     "RendezvousTimeoutError",
+    "RendezvousUsageError",
     "RoundCompleted",
     "RoundInvalidated",
     "RoundJoining",

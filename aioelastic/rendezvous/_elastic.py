@@ -32,13 +32,14 @@ from anyio.abc import TaskGroup
 from aioelastic._clock import Clock, MonotonicClock
 from aioelastic._concurrency import first_of
 from aioelastic._subscribers import Subscribers
+from aioelastic.rendezvous import _layout as layout
 from aioelastic.rendezvous import _machine as m
 from aioelastic.rendezvous._errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
-    RendezvousStateError,
     RendezvousTimeoutError,
+    RendezvousUsageError,
 )
 from aioelastic.rendezvous._handler import RendezvousHandler
 from aioelastic.rendezvous._info import (
@@ -63,6 +64,7 @@ StoreOpener = Callable[[], AbstractAsyncContextManager[Store]]
 """Opens (and on exit closes) the store a handler runs on, for backends that own their store."""
 
 T = TypeVar("T")
+S = TypeVar("S", bound=m.CompareSetStep)
 
 
 @functools.cache
@@ -120,13 +122,12 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._node = 0
         self._joining = False
         self._shut = False
-        self._last: m.RoundResult | None = None
+        self._last: layout.RoundResult | None = None
         self._rank = -1
         self._invalidated: RoundInvalidated | None = None
         self._invalid_event: anyio.Event | None = None
         self._monitor_scope: anyio.CancelScope | None = None
         self._keep_alive_scope: anyio.CancelScope | None = None
-        self._watch_from = 0
         self._lease = Lease.for_settings(settings.heartbeat_timeout, settings.keep_alive_interval)
         self._poke = anyio.Event()  # set by each renewal and each completed round
         self._contact = -math.inf  # when a store call last succeeded, on the clock
@@ -161,7 +162,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     async def __aenter__(self) -> Self:
         if self._stack is not None:
-            raise RendezvousStateError("this handler was already entered; create a new one")
+            raise RendezvousUsageError("this handler was already entered; create a new one")
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
@@ -171,7 +172,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._store = PrefixStore(f"rdzv/{self.settings.run_id}", base)
             if self._addr is None:
                 self._addr = await anyio.to_thread.run_sync(local_hostname)
-            self._node = await self._guarded(self._store.add(m.NODE_IDS_KEY, 1))
+            self._node = await self._guarded(self._store.add(layout.NODE_IDS_KEY, 1))
             await self._renew()
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._keep_alive_scope = anyio.CancelScope()
@@ -198,7 +199,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     def _require_store(self) -> Store:
         if self._store is None:
-            raise RendezvousStateError("use the handler as `async with handler:` before calling it")
+            raise RendezvousUsageError("use the handler as `async with handler:` before calling it")
         return self._store
 
     async def _guarded(self, call: Awaitable[T]) -> T:
@@ -228,9 +229,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
     async def next_rendezvous(self) -> RendezvousInfo:
         store = self._require_store()
         if self._shut:
-            raise RendezvousStateError("this handler was shut down; create a new one to rejoin")
+            raise RendezvousUsageError("this handler was shut down; create a new one to rejoin")
         if self._joining:
-            raise RendezvousStateError("next_rendezvous() is already running on this handler")
+            raise RendezvousUsageError("next_rendezvous() is already running on this handler")
         self._joining = True
         self._emit(RoundJoining(self.settings.run_id, self._node))
         try:
@@ -252,7 +253,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         finally:
             self._joining = False
         if isinstance(command, m.Fail):
-            if command.reason is m.Phase.CLOSED:
+            if command.reason is m.FailReason.CLOSED:
                 raise RendezvousClosedError(self.settings.run_id)
             raise RendezvousTimeoutError(
                 self.settings.run_id,
@@ -264,21 +265,15 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     async def is_closed(self) -> bool:
         store = self._require_store()
-        return await self._guarded(store.check([m.CLOSED_KEY]))
+        return await self._guarded(store.check([layout.CLOSED_KEY]))
 
     async def set_closed(self) -> None:
         store = self._require_store()
         with anyio.fail_after(self.settings.close_timeout):
-            await self._guarded(store.set(m.CLOSED_KEY, b"1"))
-            round_ = await self._latest() + 1
-            while True:
-                stored = await self._guarded(
-                    store.compare_set(m.result_key(round_), b"", m.CLOSED_RESULT)
-                )
-                if stored == m.CLOSED_RESULT:
-                    await self._guarded(store.add(m.count_key(round_), 0))  # ring the doorbell
-                    return
-                round_ += 1
+            await self._guarded(store.set(layout.CLOSED_KEY, b"1"))
+            first = m.CloseRound(await self._latest() + 1)
+            closed = await self._guarded(self._compare_set_until_done(first))
+            await self._guarded(store.add(layout.count_key(closed.round), 0))  # ring the doorbell
 
     async def num_nodes_waiting(self) -> int:
         return len(await self._next_round_joins())
@@ -286,17 +281,17 @@ class ElasticRendezvousHandler(RendezvousHandler):
     async def waiting_nodes(self) -> dict[int, str]:
         """The nodes that joined the next round so far (node id -> address), for progress logs."""
         joins = await self._next_round_joins()
-        return {node: record.addr for node, record in sorted(m.parse_records(joins).items())}
+        return {node: record.addr for node, record in sorted(layout.parse_records(joins).items())}
 
     async def _next_round_joins(self) -> dict[str, bytes]:
         store = self._require_store()
         round_ = await self._latest() + 1
-        return (await self._guarded(store.get_prefix(m.join_prefix(round_)))).items
+        return (await self._guarded(store.get_prefix(layout.join_prefix(round_)))).items
 
     async def wait_round_invalidated(self) -> RoundInvalidated:
         self._require_store()
         if self._last is None:
-            raise RendezvousStateError(
+            raise RendezvousUsageError(
                 "no round completed on this handler yet; call next_rendezvous() first"
             )
         assert self._invalid_event is not None
@@ -318,7 +313,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.close_timeout):
                 if last is not None and still_valid:
                     await self._report_lost(last.round + 1, self._node, "left")
-                await store.delete_key(m.alive_key(self._node))
+                await store.delete_key(layout.alive_key(self._node))
         except (StoreError, TimeoutError) as error:
             logger.warning("rendezvous %r: leaving cleanly failed: %s", self.settings.run_id, error)
             return False
@@ -354,71 +349,65 @@ class ElasticRendezvousHandler(RendezvousHandler):
         assert store is not None
         match command:
             case m.ReadState():
-                snapshot = await store.get_prefix(m.STATE_PREFIX)
-                latest = int(snapshot.items.get(m.LATEST_KEY, b"0"))
-                return m.StateRead(latest, m.CLOSED_KEY in snapshot.items)
+                snapshot = await store.get_prefix(layout.STATE_PREFIX)
+                latest = int(snapshot.items.get(layout.LATEST_KEY, b"0"))
+                return m.StateRead(latest, layout.CLOSED_KEY in snapshot.items)
             case m.Announce(round_, record):
-                await store.set(m.join_key(round_, record.node), record.encode())
+                await store.set(layout.join_key(round_, record.node), record.encode())
                 return m.Announced()
             case m.Count(round_):
-                return m.Counted(await store.add(m.count_key(round_), 1))
+                return m.Counted(await store.add(layout.count_key(round_), 1))
             case m.AwaitResult(round_, deadline):
                 return await self._await_result(round_, deadline)
             case m.ReadCandidates(round_):
-                joins = await store.get_prefix(m.join_prefix(round_))
-                alive = await store.get_prefix(m.alive_prefix())
-                self._watch_from = joins.revision
-                return m.Candidates(m.parse_records(joins.items), m.parse_alive(alive.items))
+                joins = await store.get_prefix(layout.join_prefix(round_))
+                alive = await store.get_prefix(layout.alive_prefix())
+                records = layout.parse_records(joins.items)
+                return m.Candidates(records, layout.parse_alive(alive.items), joins.revision)
             case m.Publish(round_, value):
-                stored = await store.compare_set(m.result_key(round_), b"", value)
+                stored = await store.compare_set(layout.result_key(round_), b"", value)
                 if stored == value:
-                    await self._advance_latest(round_)
+                    await self._compare_set_until_done(m.AdvanceLatest.first(round_))
                 return m.Published(stored)
-            case m.AwaitJoins(round_, deadline, lapsed):
-                wait = functools.partial(self._await_joins, round_, lapsed)
+            case m.AwaitJoins(round_, deadline, lapsed, after):
+                wait = functools.partial(self._await_joins, round_, lapsed, after)
                 if await self._before(deadline, wait) is None:
                     return m.DeadlineReached()
-                sealed = await store.get_prefix(m.result_key(round_))
-                found = sealed.items.get(m.result_key(round_))
+                sealed = await store.get_prefix(layout.result_key(round_))
+                found = sealed.items.get(layout.result_key(round_))
                 return m.JoinsChanged() if found is None else m.ResultSeen(found)
             case m.Withdraw(round_, node):
-                joined = await store.get_prefix(m.join_prefix(round_))
-                living = m.parse_alive((await store.get_prefix(m.alive_prefix())).items)
-                live = len(m.parse_records(joined.items).keys() & living)
-                await store.delete_key(m.join_key(round_, node))
-                sealed = await store.get_prefix(m.result_key(round_))
-                return m.Withdrawn(sealed.items.get(m.result_key(round_)), live)
+                joined = await store.get_prefix(layout.join_prefix(round_))
+                living = layout.parse_alive((await store.get_prefix(layout.alive_prefix())).items)
+                live = len(m.live_joiners(layout.parse_records(joined.items), living))
+                await store.delete_key(layout.join_key(round_, node))
+                sealed = await store.get_prefix(layout.result_key(round_))
+                return m.Withdrawn(sealed.items.get(layout.result_key(round_)), live)
         raise AssertionError(f"not a store command: {command!r}")  # pragma: no cover
 
-    async def _advance_latest(self, round_: int) -> None:
-        """Move ``state/latest`` forward to ``round_``, never back: a sealer stopped (SIGSTOP)
-        after it sealed a round may publish it after later rounds were sealed."""
+    async def _compare_set_until_done(self, step: S) -> S:
+        """Run the machine's compare-and-set loop from ``step``; return its last step."""
         store = self._store
         assert store is not None
-        desired = str(round_).encode()
-        expected = str(round_ - 1).encode() if round_ > 1 else b""  # one call, usually
         while True:
-            stored = await store.compare_set(m.LATEST_KEY, expected, desired)
-            if stored == expected:  # the key is missing: nothing was compared
-                expected = b""
-            elif stored == desired or int(stored) > round_:
-                return
-            else:
-                expected = stored
+            following = step.then(await store.compare_set(step.key, step.expected, step.desired))
+            if following is None:
+                return step
+            step = following
 
-    async def _await_joins(self, round_: int, lapsed: frozenset[int]) -> bool:
+    async def _await_joins(self, round_: int, lapsed: frozenset[int], after: int) -> bool:
         """Return once the round changed or a lapsed joiner's liveness key is back."""
         store = self._store
         assert store is not None
         await first_of(
             functools.partial(
                 store.wait_for_change,
-                m.round_prefix(round_),
-                after=self._watch_from,
+                layout.round_prefix(round_),
+                after=after,
                 timeout=math.inf,
             ),
             *(
-                functools.partial(store.wait, [m.alive_key(node)], timeout=math.inf)
+                functools.partial(store.wait, [layout.alive_key(node)], timeout=math.inf)
                 for node in lapsed
             ),
         )
@@ -426,7 +415,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     async def _await_result(self, round_: int, deadline: float) -> m.Event:
         assert self._store is not None
-        get = functools.partial(self._store.get, m.result_key(round_), timeout=math.inf)
+        get = functools.partial(self._store.get, layout.result_key(round_), timeout=math.inf)
         value = await self._before(deadline, get)
         return m.DeadlineReached() if value is None else m.ResultSeen(value)
 
@@ -438,21 +427,21 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     async def _abandon(self, machine: m.JoinMachine) -> None:
         """Best effort after a failed or cancelled join: withdraw the join record."""
-        if machine.phase in (m.Phase.READING, m.Phase.DONE, m.Phase.CLOSED, m.Phase.TIMED_OUT):
+        if not machine.may_hold_join_record:
             return
         assert self._store is not None
         with (
             contextlib.suppress(StoreError, TimeoutError),
             anyio.fail_after(min(self.settings.close_timeout, self.settings.attempt_timeout)),
         ):
-            await self._store.delete_key(m.join_key(machine.round, self._node))
+            await self._store.delete_key(layout.join_key(machine.round, self._node))
 
     async def _latest(self) -> int:
         assert self._store is not None
-        snapshot = await self._guarded(self._store.get_prefix(m.STATE_PREFIX))
-        return int(snapshot.items.get(m.LATEST_KEY, b"0"))
+        snapshot = await self._guarded(self._store.get_prefix(layout.STATE_PREFIX))
+        return int(snapshot.items.get(layout.LATEST_KEY, b"0"))
 
-    def _completed(self, store: Store, result: m.RoundResult, rank: int) -> RendezvousInfo:
+    def _completed(self, store: Store, result: layout.RoundResult, rank: int) -> RendezvousInfo:
         self._last, self._rank = result, rank
         self._rounds_completed += 1
         self._invalidated = None
@@ -494,8 +483,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
         async def renew() -> bool:
             await self._guarded(
                 store.set(
-                    m.alive_key(self._node),
-                    m.encode_alive(self.settings.heartbeat_timeout),
+                    layout.alive_key(self._node),
+                    layout.encode_alive(self.settings.heartbeat_timeout),
                     ttl=self.settings.heartbeat_timeout,
                 )
             )
@@ -564,7 +553,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         if self._last is not None:
             self._invalidate(RoundInvalidated(InvalidationReason.NODES_WAITING, why))
 
-    async def _monitor(self, result: m.RoundResult, scope: anyio.CancelScope) -> None:
+    async def _monitor(self, result: layout.RoundResult, scope: anyio.CancelScope) -> None:
         """Watch the round until it is invalid.
 
         A store failure is no verdict: the watch starts again while the lease holds (a blip
@@ -599,25 +588,25 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 pause = min(self.settings.keep_alive_interval, self.settings.attempt_timeout)
                 await self._clock.sleep_until(self._clock.now() + pause)
 
-    async def _watch_inbox(self, result: m.RoundResult) -> None:
+    async def _watch_inbox(self, result: layout.RoundResult) -> None:
         """Return once the next round's keys say this round is over (and say so)."""
         assert self._store is not None
-        prefix = m.round_prefix(result.round + 1)
-        await self._store.wait([m.count_key(result.round + 1)], timeout=math.inf)
+        prefix = layout.round_prefix(result.round + 1)
+        await self._store.wait([layout.count_key(result.round + 1)], timeout=math.inf)
         snapshot = await self._store.get_prefix(prefix)
         while (verdict := m.assess_inbox(result.members, result.round, snapshot.items)) is None:
             await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
             snapshot = await self._store.get_prefix(prefix)
         self._invalidate(verdict)
 
-    async def _watch_successor(self, result: m.RoundResult, successor: int) -> None:
+    async def _watch_successor(self, result: layout.RoundResult, successor: int) -> None:
         """Report the ring successor lost once its liveness key is gone, or once this node has
         seen no renewal of it for ``heartbeat_timeout`` (by its own clock) and a fresh read
         confirms none came: a store may keep the key longer than its TTL (etcd may refresh
         leases when a new leader is promoted)."""
         assert self._store is not None
         store, timeout = self._store, self.settings.heartbeat_timeout
-        prefix, key = m.alive_prefix(successor), m.alive_key(successor)
+        prefix, key = layout.alive_prefix(successor), layout.alive_key(successor)
         snapshot = await store.get_prefix(prefix)
         seen = self._clock.now()
         while key in snapshot.items:
@@ -637,5 +626,5 @@ class ElasticRendezvousHandler(RendezvousHandler):
     async def _report_lost(self, inbox: int, node: int, why: str) -> None:
         """Report ``node`` gone in the inbox round ``inbox`` and ring its doorbell."""
         assert self._store is not None
-        await self._store.set(m.lost_key(inbox, node), why)
-        await self._store.add(m.count_key(inbox), 0)
+        await self._store.set(layout.lost_key(inbox, node), why)
+        await self._store.add(layout.count_key(inbox), 0)

@@ -1,5 +1,6 @@
-"""The rendezvous exceptions: misuse (bad parameters, unknown backends) apart from peer and
-infrastructure failure (timeouts, lost store, closed job)."""
+"""The rendezvous exceptions: misuse (bad parameters, unknown backends, a handler used out of
+order) apart from peer and infrastructure failure (timeouts, lost store, closed job) and from
+store state this version does not understand."""
 
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ class RendezvousConnectionError(RendezvousError, ConnectionError):
 
 class RendezvousStateError(RendezvousError):
     """The rendezvous state in the store is not what this version understands."""
+
+
+class RendezvousUsageError(RendezvousStateError, RuntimeError):
+    """A handler was used in a way it does not support (not entered, entered twice, called
+    after shutdown, two joins at once); a subclass of :class:`RendezvousStateError`, which
+    earlier versions raised for misuse."""
 
 
 class RendezvousGracefulExitError(RendezvousError):

@@ -1,4 +1,4 @@
-"""The elastic rendezvous algorithm: a pure state machine (no I/O, no clock; ``now`` is passed in).
+"""The elastic rendezvous protocol: a pure state machine (no I/O, no clock; ``now`` is passed in).
 
 Theory of operation. Rounds are numbered 1, 2, ...; a node joins the round after the last
 sealed one (``state/latest``, which only moves forward), or after the last round it completed
@@ -15,7 +15,8 @@ compare-and-set, so every node of a round reads the same sealed outcome:
   as a fallback (in case the earlier sealer died); the first one due wins the compare-and-set;
 * a sealer reads the join records and the nodes' liveness keys (TTL keys refreshed by each
   node, expired by the store's clock) and seals the live joiners, previous members first, at
-  most ``max_nodes``; with fewer than ``min_nodes`` alive it waits for more joins instead;
+  most ``max_nodes``; with fewer than ``min_nodes`` alive it waits for more joins instead,
+  watching the round from the store revision of its read;
 * a node that finds a result without itself (it came late, or the round was full) joins the
   next round, where it is a *waiting node*; a result saying ``closed`` ends the job;
 * a node that reaches ``join_timeout`` withdraws its record, then reads the result once more
@@ -32,200 +33,34 @@ liveness key expired), and a ``closed`` result that the job is over. The next ro
 counter doubles as the inbox's doorbell, so members wait for one key, not for a prefix.
 
 The machine is driven by :meth:`JoinMachine.send`: it takes an :class:`Event` (the outcome of
-the previous :class:`Command`) and returns the next command; :data:`TRANSITIONS` lists, for
-each phase, the events it accepts and the phases it may move to.
+the previous :class:`Command`), records what the event says, then walks the entry of
+:data:`TRANSITIONS` for its phase and that event: ordered (guard, next phase) pairs whose
+guards are named predicates over the machine. The first guard that holds picks the next phase,
+and entering a phase issues that phase's command. The two store protocols that are loops of
+compare-and-sets, advancing ``state/latest`` and closing the run, are pure steps here too
+(:class:`AdvanceLatest`, :class:`CloseRound`), which the shell runs until one says it is done.
+The key layout and the records are in :mod:`._layout`.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
-import json
 import math
-import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, SupportsIndex
+from typing import Protocol, Self
 
-from aioelastic.rendezvous._errors import RendezvousStateError
+from aioelastic.rendezvous._errors import RendezvousUsageError
 from aioelastic.rendezvous._info import InvalidationReason, RoundInvalidated
-
-# -- keys, relative to the run's namespace -----------------------------------------------------
-
-CLOSED_KEY = "state/closed"
-LATEST_KEY = "state/latest"
-NODE_IDS_KEY = "state/node_ids"
-STATE_PREFIX = "state/"
-CLOSED_RESULT = b"closed"
-
-
-def round_prefix(round_: int) -> str:
-    """Everything about round ``round_``; members of the round before watch it as their inbox."""
-    return f"round/{round_}/"
-
-
-def join_prefix(round_: int) -> str:
-    return f"round/{round_}/join/"
-
-
-def join_key(round_: int, node: int) -> str:
-    return f"round/{round_}/join/{node}"
-
-
-def count_key(round_: int) -> str:
-    """The arrival counter of a round; it doubles as the doorbell of that round's inbox:
-    whoever reports a loss or closes the run there adds 0 to it, so the members of the round
-    before wait for one key to appear instead of re-reading a prefix."""
-    return f"round/{round_}/count"
-
-
-def result_key(round_: int) -> str:
-    return f"round/{round_}/result"
-
-
-def lost_key(round_: int, node: int) -> str:
-    """Where a member of round ``round_ - 1`` is reported gone."""
-    return f"round/{round_}/lost/{node}"
-
-
-def alive_prefix(node: int | None = None) -> str:
-    return "node/" if node is None else f"node/{node}/"
-
-
-def alive_key(node: int) -> str:
-    return f"node/{node}/alive"
-
-
-_HEARTBEAT_TIMEOUT_TAG = b"ttl="
-
-
-def encode_alive(heartbeat_timeout: float) -> bytes:
-    """A liveness key's value: the TTL it is written with, so readers can age the heartbeat."""
-    return _HEARTBEAT_TIMEOUT_TAG + repr(float(heartbeat_timeout)).encode()
-
-
-def parse_heartbeat_timeout(value: bytes) -> float | None:
-    """The TTL a liveness key value records (None for a value without one, e.g. ``b"1"``)."""
-    if not value.startswith(_HEARTBEAT_TIMEOUT_TAG):
-        return None
-    try:
-        timeout = float(value[len(_HEARTBEAT_TIMEOUT_TAG) :])
-    except ValueError:
-        return None
-    return timeout if timeout > 0 and math.isfinite(timeout) else None
-
-
-def parse_alive(items: Iterable[str]) -> frozenset[int]:
-    """The node ids whose liveness key is among ``items`` (keys relative to the namespace)."""
-    return frozenset(int(key.split("/")[1]) for key in items if key.endswith("/alive"))
-
-
-# -- records -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class JoinRecord:
-    """What a node tells the round it joins: where it is and what rank it had last round."""
-
-    node: int
-    addr: str
-    port: int
-    prev_round: int = 0
-    prev_rank: int = -1
-
-    def encode(self) -> bytes:
-        return json.dumps([self.addr, self.port, self.prev_round, self.prev_rank]).encode()
-
-    @classmethod
-    def decode(cls, node: int, data: bytes) -> JoinRecord:
-        try:
-            addr, port, prev_round, prev_rank = json.loads(data)
-            return cls(node, str(addr), int(port), int(prev_round), int(prev_rank))
-        except (ValueError, TypeError) as error:
-            raise RendezvousStateError(
-                f"join record of node {node} is malformed ({data[:60]!r}): {error}; "
-                "is another program or version using this run id?"
-            ) from None
-
-
-def parse_records(items: Mapping[str, bytes]) -> dict[int, JoinRecord]:
-    """Decode the join records among ``items`` (keys ``.../join/<node>``)."""
-    records = {}
-    for key, data in items.items():
-        node = int(key.rsplit("/", 1)[1])
-        records[node] = JoinRecord.decode(node, data)
-    return records
-
-
-class Members(tuple[int, ...]):
-    """Node ids in rank order; ``index`` and ``in`` are dict lookups, not scans, so each of N
-    nodes finding itself (or its ring successor) in a round of N costs O(1), not O(N)."""
-
-    _ranks: dict[int, int]
-
-    def __new__(cls, nodes: Iterable[int]) -> Members:
-        self = super().__new__(cls, nodes)
-        self._ranks = {node: rank for rank, node in enumerate(self)}
-        return self
-
-    def index(self, value: Any, start: SupportsIndex = 0, stop: SupportsIndex = sys.maxsize) -> int:
-        rank = self._ranks.get(value)
-        if rank is None or not (int(start) == 0 and int(stop) == sys.maxsize):
-            return super().index(value, start, stop)
-        return rank
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._ranks
-
-    def rank(self, node: int) -> int | None:
-        """The rank of ``node``, or None if it is not a member."""
-        return self._ranks.get(node)
-
-    def __repr__(self) -> str:
-        return tuple.__repr__(self)
-
-
-@dataclass(frozen=True, slots=True)
-class RoundResult:
-    """A sealed round: its members in rank order and where rank 0 is."""
-
-    round: int
-    members: tuple[int, ...]
-    master_addr: str
-    master_port: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.members, Members):
-            object.__setattr__(self, "members", Members(self.members))
-
-    @property
-    def world_size(self) -> int:
-        return len(self.members)
-
-    def rank_of(self, node: int) -> int | None:
-        members = self.members
-        assert isinstance(members, Members)  # __post_init__ made it one
-        return members.rank(node)
-
-    def encode(self) -> bytes:
-        return json.dumps([self.master_addr, self.master_port, self.members]).encode()
-
-    @classmethod
-    def decode(cls, round_: int, data: bytes) -> RoundResult:
-        return _decode_result(round_, data)
-
-
-@functools.lru_cache(maxsize=8)
-def _decode_result(round_: int, data: bytes) -> RoundResult:
-    """Decode a result once per process: the nodes of a simulation all read the same bytes."""
-    try:
-        addr, port, members = json.loads(data)
-        return RoundResult(round_, Members(int(m) for m in members), str(addr), int(port))
-    except (ValueError, TypeError) as error:
-        raise RendezvousStateError(
-            f"result of round {round_} is malformed ({data[:60]!r}): {error}; "
-            "is another program or version using this run id?"
-        ) from None
+from aioelastic.rendezvous._layout import (
+    CLOSED_RESULT,
+    LATEST_KEY,
+    JoinRecord,
+    Members,
+    RoundResult,
+    result_key,
+    round_prefix,
+)
 
 
 def seal(round_: int, candidates: Iterable[JoinRecord], max_nodes: int) -> RoundResult:
@@ -249,6 +84,12 @@ def seal(round_: int, candidates: Iterable[JoinRecord], max_nodes: int) -> Round
     return RoundResult(round_, Members(r.node for r in members), members[0].addr, members[0].port)
 
 
+def live_joiners(records: Mapping[int, JoinRecord], alive: frozenset[int]) -> list[JoinRecord]:
+    """The join records of nodes whose liveness key is there: what a sealer may seal, and what
+    a node that timed out reports as joined."""
+    return [record for node, record in records.items() if node in alive]
+
+
 # -- the join state machine --------------------------------------------------------------------
 
 
@@ -266,6 +107,13 @@ class Phase(enum.Enum):
     DONE = "joined"
     CLOSED = "closed"
     TIMED_OUT = "timed out"
+
+
+class FailReason(enum.Enum):
+    """Why a join ended without a round (:class:`Fail`)."""
+
+    CLOSED = "the rendezvous is closed"
+    TIMED_OUT = "the join timed out"
 
 
 # Events: the outcome of the previous command.
@@ -306,6 +154,8 @@ class JoinsChanged:
 class Candidates:
     records: Mapping[int, JoinRecord]
     alive: frozenset[int]
+    revision: int = 0
+    """The store revision of the join records' read: a later wait for joins starts there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +168,8 @@ class Withdrawn:
     value: bytes | None
     """The round's result if it was sealed meanwhile."""
     live: int
-    """Live nodes joined to the round (this one included) when the node withdrew."""
+    """Live nodes joined to the round (this one included) when the node withdrew
+    (:func:`live_joiners`)."""
 
 
 Event = (
@@ -366,7 +217,8 @@ class AwaitResult:
 
 @dataclass(frozen=True, slots=True)
 class ReadCandidates:
-    """Read the round's join records and the liveness keys -> :class:`Candidates`."""
+    """Read the round's join records (noting the revision) and the liveness keys ->
+    :class:`Candidates`."""
 
     round: int
 
@@ -374,7 +226,7 @@ class ReadCandidates:
 @dataclass(frozen=True, slots=True)
 class Publish:
     """Compare-and-set the result from empty; if it was stored, advance ``state/latest`` to
-    ``round`` unless it is there or beyond already (it never moves back).
+    ``round`` (:class:`AdvanceLatest`).
 
     -> :class:`Published` with the value now stored (ours or an earlier one).
     """
@@ -385,19 +237,22 @@ class Publish:
 
 @dataclass(frozen=True, slots=True)
 class AwaitJoins:
-    """Wait for any change in the round, or for the liveness key of a ``lapsed`` joiner to
-    come back -> :class:`ResultSeen` if the result exists, else :class:`JoinsChanged`; or
-    :class:`DeadlineReached`."""
+    """Wait for any change in the round after store revision ``after``, or for the liveness
+    key of a ``lapsed`` joiner to come back -> :class:`ResultSeen` if the result exists, else
+    :class:`JoinsChanged`; or :class:`DeadlineReached`."""
 
     round: int
     deadline: float
     lapsed: frozenset[int] = frozenset()
     """Joined nodes whose liveness key was missing (e.g. stopped, then resumed, processes)."""
+    after: int = 0
+    """The revision of the candidates' read: a join since then is a change."""
 
 
 @dataclass(frozen=True, slots=True)
 class Withdraw:
-    """Count live joiners, delete the join record, read the result -> :class:`Withdrawn`."""
+    """Count live joiners (:func:`live_joiners`), delete the join record, read the result ->
+    :class:`Withdrawn`."""
 
     round: int
     node: int
@@ -415,7 +270,7 @@ class Finish:
 class Fail:
     """Terminal: the job is closed, or the join timed out with ``live`` nodes joined."""
 
-    reason: Phase
+    reason: FailReason
     round: int
     live: int = 0
 
@@ -433,30 +288,6 @@ Command = (
     | Fail
 )
 
-_TERMINAL = frozenset({Phase.DONE, Phase.CLOSED, Phase.TIMED_OUT})
-_AFTER_RESULT = frozenset({Phase.DONE, Phase.CLOSED, Phase.ANNOUNCING})
-
-TRANSITIONS: Mapping[Phase, Mapping[type[Event], frozenset[Phase]]] = {
-    Phase.READING: {StateRead: frozenset({Phase.CLOSED, Phase.ANNOUNCING})},
-    Phase.ANNOUNCING: {Announced: frozenset({Phase.COUNTING})},
-    Phase.COUNTING: {Counted: frozenset({Phase.SEALING, Phase.WAITING})},
-    Phase.WAITING: {
-        ResultSeen: _AFTER_RESULT,
-        DeadlineReached: frozenset({Phase.SEALING, Phase.WITHDRAWING}),
-    },
-    Phase.SEALING: {
-        Candidates: frozenset({Phase.PUBLISHING, Phase.WAITING, Phase.RECRUITING}),
-    },
-    Phase.PUBLISHING: {Published: _AFTER_RESULT},
-    Phase.RECRUITING: {
-        ResultSeen: _AFTER_RESULT,
-        JoinsChanged: frozenset({Phase.SEALING}),
-        DeadlineReached: frozenset({Phase.SEALING, Phase.WITHDRAWING}),
-    },
-    Phase.WITHDRAWING: {Withdrawn: frozenset({Phase.DONE, Phase.CLOSED, Phase.TIMED_OUT})},
-}
-"""For each phase, the events it accepts and the phases each may lead to."""
-
 
 @dataclass(frozen=True, slots=True)
 class RoundPolicy:
@@ -466,6 +297,90 @@ class RoundPolicy:
     max_nodes: int
     join_timeout: float
     last_call_timeout: float
+
+
+# -- the transition table ----------------------------------------------------------------------
+
+Guard = Callable[["JoinMachine", float], bool]
+"""A named predicate over the machine (after it recorded the event) at time ``now``."""
+
+
+def otherwise(machine: JoinMachine, now: float) -> bool:
+    """Always: the last entry of a transition."""
+    return True
+
+
+def run_closed(machine: JoinMachine, now: float) -> bool:
+    """The run is closed (``state/closed`` is set, or a result says ``closed``)."""
+    return machine.closed
+
+
+def admitted(machine: JoinMachine, now: float) -> bool:
+    """The round's result was read and this node is a member."""
+    return machine.rank is not None
+
+
+def house_full(machine: JoinMachine, now: float) -> bool:
+    """This node is the ``max_nodes``-th arrival: it seals at once."""
+    return machine.arrival == machine.policy.max_nodes
+
+
+def join_timed_out(machine: JoinMachine, now: float) -> bool:
+    """``join_timeout`` has passed since the node started joining."""
+    return now >= machine.join_deadline
+
+
+def round_sealable(machine: JoinMachine, now: float) -> bool:
+    """``max_nodes`` live joiners, or ``min_nodes`` of them and the last call is over."""
+    live, policy = len(machine.live), machine.policy
+    return live >= policy.max_nodes or (
+        live >= policy.min_nodes and now >= machine.last_call_deadline
+    )
+
+
+def quorum(machine: JoinMachine, now: float) -> bool:
+    """At least ``min_nodes`` live joiners in the last candidates' read."""
+    return len(machine.live) >= machine.policy.min_nodes
+
+
+Transition = tuple[tuple[Guard, Phase], ...]
+
+_AFTER_RESULT: Transition = (
+    (run_closed, Phase.CLOSED),
+    (admitted, Phase.DONE),
+    (otherwise, Phase.ANNOUNCING),  # sealed without this node: join the next round
+)
+_AT_DEADLINE: Transition = ((join_timed_out, Phase.WITHDRAWING), (otherwise, Phase.SEALING))
+
+TRANSITIONS: Mapping[Phase, Mapping[type[Event], Transition]] = {
+    Phase.READING: {StateRead: ((run_closed, Phase.CLOSED), (otherwise, Phase.ANNOUNCING))},
+    Phase.ANNOUNCING: {Announced: ((otherwise, Phase.COUNTING),)},
+    Phase.COUNTING: {Counted: ((house_full, Phase.SEALING), (otherwise, Phase.WAITING))},
+    Phase.WAITING: {ResultSeen: _AFTER_RESULT, DeadlineReached: _AT_DEADLINE},
+    Phase.SEALING: {
+        Candidates: (
+            (round_sealable, Phase.PUBLISHING),
+            (quorum, Phase.WAITING),  # for the last call
+            (otherwise, Phase.RECRUITING),
+        ),
+    },
+    Phase.PUBLISHING: {Published: _AFTER_RESULT},
+    Phase.RECRUITING: {
+        ResultSeen: _AFTER_RESULT,
+        JoinsChanged: ((otherwise, Phase.SEALING),),
+        DeadlineReached: _AT_DEADLINE,
+    },
+    Phase.WITHDRAWING: {
+        Withdrawn: (
+            (run_closed, Phase.CLOSED),
+            (admitted, Phase.DONE),  # sealed with this node just before it withdrew
+            (otherwise, Phase.TIMED_OUT),
+        ),
+    },
+}
+"""For each phase, the events it accepts and, for each, ordered (guard, next phase) pairs."""
+
+_TERMINAL = frozenset({Phase.DONE, Phase.CLOSED, Phase.TIMED_OUT})
 
 
 @dataclass(slots=True)
@@ -486,122 +401,221 @@ class JoinMachine:
     join_deadline: float = math.inf
     last_call_deadline: float = math.inf
     result: RoundResult | None = None
+    latest: int = 0
+    """The last round known sealed: the node joins the one after."""
+    closed: bool = False
+    sealed: RoundResult | None = field(default=None, repr=False)
+    """The round's result as last read (with or without this node)."""
+    rank: int | None = None
+    """This node's rank in :attr:`sealed`, or None."""
+    live: list[JoinRecord] = field(default_factory=list, repr=False)
+    """The live joiners of the last candidates' read."""
+    lapsed: frozenset[int] = field(default=frozenset(), repr=False)
+    """The joiners of that read whose liveness key was missing."""
+    watch_from: int = 0
+    """The store revision of that read."""
+    live_at_withdraw: int = 0
     _started: bool = field(default=False, repr=False)
 
     def start(self, now: float) -> Command:
         """Begin joining at time ``now``; return the first command."""
         if self._started:
-            raise RendezvousStateError("a JoinMachine joins once; create a new one to rejoin")
+            raise RendezvousUsageError("a JoinMachine joins once; create a new one to rejoin")
         self._started = True
         self.join_deadline = now + self.policy.join_timeout
         return ReadState()
 
     def send(self, event: Event, now: float) -> Command:
         """Feed the outcome of the last command at time ``now``; return the next command."""
-        allowed = TRANSITIONS.get(self.phase, {}).get(type(event))
-        if allowed is None or not self._started:
-            raise RendezvousStateError(
+        transition = TRANSITIONS.get(self.phase, {}).get(type(event))
+        if transition is None or not self._started:
+            raise RendezvousUsageError(
                 f"event {type(event).__name__} is not valid while {self.phase.value} "
                 f"(node {self.node}, round {self.round})"
             )
-        command = self._handle(event, now)
-        if self.phase not in allowed:  # pragma: no cover - guards the table against the code
-            raise AssertionError(f"{type(event).__name__} moved to {self.phase} not in {allowed}")
-        return command
+        self._record(event, now)
+        return self._handle(transition, now)
 
     @property
     def finished(self) -> bool:
         return self.phase in _TERMINAL
 
-    # -- handlers ------------------------------------------------------------------------------
+    @property
+    def may_hold_join_record(self) -> bool:
+        """Whether a join abandoned now may leave this node's join record in the round (its
+        write may be in flight): the shell withdraws it, best effort."""
+        return self.phase is not Phase.READING and self.phase not in _TERMINAL
 
-    def _handle(self, event: Event, now: float) -> Command:
+    # -- one step: record the event, walk the table, enter the phase -------------------------
+
+    def _record(self, event: Event, now: float) -> None:
+        """Note what ``event`` says, for the guards and the next command."""
         match event:
             case StateRead(latest, closed):
-                if closed:
-                    return self._fail(Phase.CLOSED)
-                return self._announce(max(latest, self.previous[0]) + 1)
-            case Announced():
-                self.phase = Phase.COUNTING
-                return Count(self.round)
+                self.latest = max(latest, self.previous[0])
+                self.closed = closed
             case Counted(arrival):
                 self.arrival = arrival
-                if arrival >= self.policy.min_nodes:
+                if arrival >= self.policy.min_nodes:  # min_nodes are in: the last call starts
                     self.last_call_deadline = now + self.policy.last_call_timeout
-                if arrival == self.policy.max_nodes:
-                    self.phase = Phase.SEALING
-                    return ReadCandidates(self.round)
-                return self._wait()
             case ResultSeen(value) | Published(value):
-                return self._on_result(value)
-            case DeadlineReached():
-                if now >= self.join_deadline:
-                    self.phase = Phase.WITHDRAWING
-                    return Withdraw(self.round, self.node)
-                self.phase = Phase.SEALING
-                return ReadCandidates(self.round)
-            case JoinsChanged():
-                self.phase = Phase.SEALING
-                return ReadCandidates(self.round)
-            case Candidates(records, alive):
-                return self._on_candidates(records, alive, now)
+                self._read_result(value)
             case Withdrawn(value, live):
-                if value is not None and self._admits_me(value):
-                    return self._on_result(value)
-                return self._fail(Phase.TIMED_OUT, live)
-        raise AssertionError(event)  # pragma: no cover - TRANSITIONS admits only the above
+                self.live_at_withdraw = live
+                if value is not None:
+                    self._read_result(value)
+            case Candidates(records, alive, revision):
+                self.live = live_joiners(records, alive)
+                self.lapsed = frozenset(records.keys() - alive)
+                self.watch_from = revision
+            case Announced() | DeadlineReached() | JoinsChanged():
+                pass
 
-    def _announce(self, round_: int) -> Command:
-        self.phase = Phase.ANNOUNCING
-        self.round = round_
+    def _read_result(self, value: bytes) -> None:
+        if value == CLOSED_RESULT:
+            self.closed = True
+            return
+        self.sealed = RoundResult.decode(self.round, value)
+        self.rank = self.sealed.rank_of(self.node)
+        self.latest = self.round
+
+    def _handle(self, transition: Transition, now: float) -> Command:
+        for guard, phase in transition:
+            if guard(self, now):
+                self.phase = phase
+                return _ENTER[phase](self, now)
+        raise AssertionError(transition)  # pragma: no cover - each transition ends `otherwise`
+
+    def _announce(self, now: float) -> Command:
+        self.round = self.latest + 1
         self.arrival = 0
         self.last_call_deadline = math.inf
+        self.sealed = self.rank = None
+        self.live = []
         prev_round, prev_rank = self.previous
         record = JoinRecord(self.node, self.addr, self.port, prev_round, prev_rank)
-        return Announce(round_, record)
+        return Announce(self.round, record)
 
-    def _wait(self) -> Command:
-        self.phase = Phase.WAITING
+    def _count(self, now: float) -> Command:
+        return Count(self.round)
+
+    def _wait(self, now: float) -> Command:
+        if self.last_call_deadline == math.inf and quorum(self, now):
+            self.last_call_deadline = now + self.policy.last_call_timeout
         return AwaitResult(self.round, min(self.join_deadline, self.last_call_deadline))
 
-    def _on_result(self, value: bytes) -> Command:
-        if value == CLOSED_RESULT:
-            return self._fail(Phase.CLOSED)
-        result = RoundResult.decode(self.round, value)
-        rank = result.rank_of(self.node)
-        if rank is None:
-            return self._announce(self.round + 1)
-        self.phase = Phase.DONE
-        self.result = result
-        return Finish(result, rank)
+    def _read_candidates(self, now: float) -> Command:
+        return ReadCandidates(self.round)
 
-    def _admits_me(self, value: bytes) -> bool:
-        """Whether ``value`` ends the join: the job closed, or a result with this node in it."""
-        if value == CLOSED_RESULT:
-            return True
-        return RoundResult.decode(self.round, value).rank_of(self.node) is not None
+    def _publish(self, now: float) -> Command:
+        return Publish(self.round, seal(self.round, self.live, self.policy.max_nodes).encode())
 
-    def _on_candidates(
-        self, records: Mapping[int, JoinRecord], alive: frozenset[int], now: float
-    ) -> Command:
-        live = [record for node, record in records.items() if node in alive]
-        policy = self.policy
-        if len(live) >= policy.max_nodes or (
-            len(live) >= policy.min_nodes and now >= self.last_call_deadline
-        ):
-            self.phase = Phase.PUBLISHING
-            return Publish(self.round, seal(self.round, live, policy.max_nodes).encode())
-        if len(live) >= policy.min_nodes:
-            if self.last_call_deadline == math.inf:
-                self.last_call_deadline = now + policy.last_call_timeout
-            return self._wait()
+    def _recruit(self, now: float) -> Command:
         self.last_call_deadline = math.inf
-        self.phase = Phase.RECRUITING
-        return AwaitJoins(self.round, self.join_deadline, frozenset(records.keys() - alive))
+        return AwaitJoins(self.round, self.join_deadline, self.lapsed, self.watch_from)
 
-    def _fail(self, phase: Phase, live: int = 0) -> Command:
-        self.phase = phase
-        return Fail(phase, self.round, live)
+    def _withdraw(self, now: float) -> Command:
+        return Withdraw(self.round, self.node)
+
+    def _finish(self, now: float) -> Command:
+        assert self.sealed is not None  # the `admitted` guard held
+        assert self.rank is not None
+        self.result = self.sealed
+        return Finish(self.sealed, self.rank)
+
+    def _closed(self, now: float) -> Command:
+        return Fail(FailReason.CLOSED, self.round)
+
+    def _timed_out(self, now: float) -> Command:
+        return Fail(FailReason.TIMED_OUT, self.round, self.live_at_withdraw)
+
+
+_ENTER: Mapping[Phase, Callable[[JoinMachine, float], Command]] = {
+    Phase.ANNOUNCING: JoinMachine._announce,
+    Phase.COUNTING: JoinMachine._count,
+    Phase.WAITING: JoinMachine._wait,
+    Phase.SEALING: JoinMachine._read_candidates,
+    Phase.PUBLISHING: JoinMachine._publish,
+    Phase.RECRUITING: JoinMachine._recruit,
+    Phase.WITHDRAWING: JoinMachine._withdraw,
+    Phase.DONE: JoinMachine._finish,
+    Phase.CLOSED: JoinMachine._closed,
+    Phase.TIMED_OUT: JoinMachine._timed_out,
+}
+"""What entering each phase asks the shell to do."""
+
+
+# -- compare-and-set loops: advancing state/latest, closing the run -----------------------------
+
+
+class CompareSetStep(Protocol):
+    """One compare-and-set of a loop; :meth:`then` reads its outcome."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def expected(self) -> bytes: ...
+    @property
+    def desired(self) -> bytes: ...
+    def then(self, stored: bytes) -> Self | None:
+        """The next step after this one's compare-and-set returned ``stored``, or None: done."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AdvanceLatest:
+    """A step of moving ``state/latest`` forward to ``round``, never back: a sealer stopped
+    (SIGSTOP) after it sealed a round may publish it after later rounds were sealed."""
+
+    round: int
+    expected: bytes
+
+    @classmethod
+    def first(cls, round_: int) -> AdvanceLatest:
+        """Expect the round before: one compare-and-set, usually."""
+        return cls(round_, str(round_ - 1).encode() if round_ > 1 else b"")
+
+    @property
+    def key(self) -> str:
+        return LATEST_KEY
+
+    @property
+    def desired(self) -> bytes:
+        return str(self.round).encode()
+
+    def then(self, stored: bytes) -> AdvanceLatest | None:
+        """Done once ``state/latest`` is ``round`` or beyond; else expect what is stored."""
+        if stored == self.expected:  # the key is missing: nothing was compared
+            return AdvanceLatest(self.round, b"")
+        if stored == self.desired or int(stored) > self.round:
+            return None
+        return AdvanceLatest(self.round, stored)
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRound:
+    """A step of closing the run: the ``closed`` marker goes into the result of the first round
+    from ``round`` (the one after ``state/latest``) that has none, so no round after can form.
+    Once it is stored, ring that round's doorbell: the last round's members learn of it."""
+
+    round: int
+
+    @property
+    def key(self) -> str:
+        return result_key(self.round)
+
+    @property
+    def expected(self) -> bytes:
+        return b""
+
+    @property
+    def desired(self) -> bytes:
+        return CLOSED_RESULT
+
+    def then(self, stored: bytes) -> CloseRound | None:
+        """Done if the marker is stored here (by this node or another closer); else try the
+        next round (this one was sealed)."""
+        return None if stored == CLOSED_RESULT else CloseRound(self.round + 1)
 
 
 # -- after a round: is it still valid? ---------------------------------------------------------

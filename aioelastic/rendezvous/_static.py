@@ -25,6 +25,7 @@ from aioelastic.rendezvous._errors import (
     RendezvousParameterError,
     RendezvousStateError,
     RendezvousTimeoutError,
+    RendezvousUsageError,
 )
 from aioelastic.rendezvous._handler import RendezvousHandler
 from aioelastic.rendezvous._info import (
@@ -132,7 +133,7 @@ class StaticRendezvousHandler(RendezvousHandler):
 
     def _require_store(self) -> Store:
         if self._store is None:
-            raise RendezvousStateError("use the handler as `async with handler:` before calling it")
+            raise RendezvousUsageError("use the handler as `async with handler:` before calling it")
         return self._store
 
     async def next_rendezvous(self) -> RendezvousInfo:
@@ -193,7 +194,7 @@ class StaticRendezvousHandler(RendezvousHandler):
         """Return when the job is closed (a static round is otherwise never invalidated)."""
         store = self._require_store()
         if self._info is None:
-            raise RendezvousStateError(
+            raise RendezvousUsageError(
                 "no round completed on this handler yet; call next_rendezvous() first"
             )
         await store.wait(["closed"], timeout=math.inf)

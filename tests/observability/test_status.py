@@ -25,7 +25,7 @@ from aioelastic.agent._stack_requests import RankStack, decode_answer, encode_an
 from aioelastic.agent._stacks import Place
 from aioelastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
-from aioelastic.rendezvous._machine import encode_alive
+from aioelastic.rendezvous._layout import encode_alive
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import TCPStoreServer
 from aioelastic.testing import ManualClock, RendezvousCluster

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.rendezvous import InvalidationReason, RendezvousConnectionError
-from aioelastic.rendezvous import _machine as m
+from aioelastic.rendezvous import _layout as layout
 from aioelastic.rendezvous._lease import Lease
 from aioelastic.testing import RendezvousCluster
 
@@ -114,8 +114,8 @@ async def test_a_successor_whose_key_outlives_its_renewals_is_reported_lost() ->
         await cluster.rendezvous()
         watcher, silent = cluster.nodes
         cluster.partition(silent)
-        key = f"rdzv/{cluster.run_id}/{m.alive_key(silent.handler.node_id)}"
-        cluster.store.set_nowait(key, m.encode_alive(1000.0), ttl=1000.0)  # extended, once
+        key = f"rdzv/{cluster.run_id}/{layout.alive_key(silent.handler.node_id)}"
+        cluster.store.set_nowait(key, layout.encode_alive(1000.0), ttl=1000.0)  # extended, once
         await cluster.advance(cluster.settings.heartbeat_timeout + 1)
         verdict = await watcher.handler.wait_round_invalidated()
         assert cluster.store.get_nowait([key]) is not None

@@ -7,7 +7,7 @@ import anyio
 import pytest
 
 from aioelastic.rendezvous import InvalidationReason
-from aioelastic.rendezvous import _machine as m
+from aioelastic.rendezvous import _layout as layout
 from aioelastic.testing import RendezvousCluster
 
 pytestmark = pytest.mark.anyio
@@ -21,8 +21,8 @@ TIMINGS = {
 
 
 async def latest(cluster: RendezvousCluster) -> bytes | None:
-    snapshot = await cluster.store.get_prefix(f"rdzv/{cluster.run_id}/{m.LATEST_KEY}")
-    return snapshot.items.get(f"rdzv/{cluster.run_id}/{m.LATEST_KEY}")
+    snapshot = await cluster.store.get_prefix(f"rdzv/{cluster.run_id}/{layout.LATEST_KEY}")
+    return snapshot.items.get(f"rdzv/{cluster.run_id}/{layout.LATEST_KEY}")
 
 
 async def test_a_publisher_resumed_after_a_later_round_does_not_move_latest_back() -> None:
@@ -66,7 +66,7 @@ async def test_members_do_not_rejoin_a_round_whose_publisher_died_before_advanci
         survivor, sealer = cluster.nodes
         await cluster.rendezvous()
         # What the dead sealer leaves behind: round 1 sealed, state/latest not advanced.
-        assert await cluster.store.delete_key(f"rdzv/{cluster.run_id}/{m.LATEST_KEY}")
+        assert await cluster.store.delete_key(f"rdzv/{cluster.run_id}/{layout.LATEST_KEY}")
         await cluster.crash(sealer)
         await cluster.advance(cluster.settings.heartbeat_timeout)
         verdict = await survivor.handler.wait_round_invalidated()

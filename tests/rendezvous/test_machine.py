@@ -8,14 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioelastic.rendezvous import InvalidationReason, RendezvousStateError
+from aioelastic.rendezvous import InvalidationReason, RendezvousStateError, RendezvousUsageError
+from aioelastic.rendezvous import _layout as layout
 from aioelastic.rendezvous import _machine as m
 
 POLICY = m.RoundPolicy(min_nodes=2, max_nodes=3, join_timeout=100.0, last_call_timeout=10.0)
 
 
-def record(node: int, prev_round: int = 0, prev_rank: int = -1) -> m.JoinRecord:
-    return m.JoinRecord(node, f"host{node}", 9000 + node, prev_round, prev_rank)
+def record(node: int, prev_round: int = 0, prev_rank: int = -1) -> layout.JoinRecord:
+    return layout.JoinRecord(node, f"host{node}", 9000 + node, prev_round, prev_rank)
 
 
 def joined(node: int = 1, arrival: int = 1, now: float = 0.0) -> tuple[m.JoinMachine, m.Command]:
@@ -46,7 +47,7 @@ def test_the_max_nodes_arrival_seals_at_once() -> None:
     assert command == m.ReadCandidates(1)
     records = {n: record(n) for n in (1, 2, 3)}
     command = machine.send(m.Candidates(records, frozenset({1, 2, 3})), 0.0)
-    assert command == m.Publish(1, m.RoundResult(1, (1, 2, 3), "host1", 9001).encode())
+    assert command == m.Publish(1, layout.RoundResult(1, (1, 2, 3), "host1", 9001).encode())
 
 
 def test_a_full_round_with_a_dead_joiner_waits_for_the_last_call() -> None:
@@ -71,14 +72,14 @@ def test_too_few_live_candidates_recruit_instead_of_sealing() -> None:
 def test_a_result_without_the_node_moves_it_to_the_next_round() -> None:
     """A late node finds the round sealed without it and joins the next one."""
     machine, _ = joined(node=7, arrival=4)
-    sealed = m.RoundResult(1, (1, 2, 3), "host1", 9001).encode()
+    sealed = layout.RoundResult(1, (1, 2, 3), "host1", 9001).encode()
     assert machine.send(m.ResultSeen(sealed), 1.0) == m.Announce(2, record(7))
 
 
 def test_a_result_with_the_node_finishes_with_its_rank() -> None:
     """The node's rank is its position in the sealed members."""
     machine, _ = joined(node=2, arrival=2)
-    result = m.RoundResult(1, (1, 2), "host1", 9001)
+    result = layout.RoundResult(1, (1, 2), "host1", 9001)
     assert machine.send(m.ResultSeen(result.encode()), 1.0) == m.Finish(result, 1)
     assert machine.finished
 
@@ -86,28 +87,28 @@ def test_a_result_with_the_node_finishes_with_its_rank() -> None:
 def test_a_closed_result_fails_as_closed() -> None:
     """The closed marker in the result ends the join as closed."""
     machine, _ = joined()
-    assert machine.send(m.ResultSeen(m.CLOSED_RESULT), 1.0) == m.Fail(m.Phase.CLOSED, 1)
+    assert machine.send(m.ResultSeen(layout.CLOSED_RESULT), 1.0) == m.Fail(m.FailReason.CLOSED, 1)
 
 
 def test_a_closed_run_fails_before_joining() -> None:
     """A closed run is detected from the state read, before any write."""
     machine = m.JoinMachine(POLICY, 1, "h", 1)
     machine.start(0.0)
-    assert machine.send(m.StateRead(latest=4, closed=True), 0.0) == m.Fail(m.Phase.CLOSED, 0)
+    assert machine.send(m.StateRead(latest=4, closed=True), 0.0) == m.Fail(m.FailReason.CLOSED, 0)
 
 
 def test_the_join_timeout_withdraws_then_reports_the_live_count() -> None:
     """At the join deadline the node withdraws; with no result it times out with the count."""
     machine, _ = joined(arrival=1)
     assert machine.send(m.DeadlineReached(), 100.0) == m.Withdraw(1, 1)
-    assert machine.send(m.Withdrawn(None, live=1), 100.0) == m.Fail(m.Phase.TIMED_OUT, 1, 1)
+    assert machine.send(m.Withdrawn(None, live=1), 100.0) == m.Fail(m.FailReason.TIMED_OUT, 1, 1)
 
 
 def test_a_result_found_while_withdrawing_wins_over_the_timeout() -> None:
     """A round sealed with the node just before it withdrew still admits it."""
     machine, _ = joined(node=1, arrival=1)
     machine.send(m.DeadlineReached(), 100.0)
-    result = m.RoundResult(1, (2, 1), "host2", 9002)
+    result = layout.RoundResult(1, (2, 1), "host2", 9002)
     assert machine.send(m.Withdrawn(result.encode(), 2), 100.0) == m.Finish(result, 1)
 
 
@@ -177,24 +178,24 @@ def test_seal_ranks_are_a_permutation(nodes: list[int], max_nodes: int, rnd: Ran
 @given(st.text(min_size=1), st.integers(0, 65535), st.integers(0, 99), st.integers(-1, 99))
 def test_join_records_round_trip(addr: str, port: int, prev_round: int, prev_rank: int) -> None:
     """A join record decodes to what was encoded."""
-    original = m.JoinRecord(3, addr, port, prev_round, prev_rank)
-    assert m.JoinRecord.decode(3, original.encode()) == original
+    original = layout.JoinRecord(3, addr, port, prev_round, prev_rank)
+    assert layout.JoinRecord.decode(3, original.encode()) == original
 
 
 @given(st.lists(st.integers(0, 10**6), min_size=1, max_size=20), st.text(), st.integers(0, 65535))
 def test_results_round_trip(members: list[int], addr: str, port: int) -> None:
     """A result decodes to what was encoded."""
-    original = m.RoundResult(4, tuple(members), addr, port)
-    assert m.RoundResult.decode(4, original.encode()) == original
+    original = layout.RoundResult(4, tuple(members), addr, port)
+    assert layout.RoundResult.decode(4, original.encode()) == original
 
 
 @pytest.mark.parametrize("data", [b"", b"{", b"[1, 2]", b'["a", "b", "c"]'])
 def test_malformed_records_and_results_name_the_node_or_round(data: bytes) -> None:
     """Garbage in the store is a RendezvousStateError naming where it was found."""
     with pytest.raises(RendezvousStateError, match="join record of node 3 is malformed"):
-        m.JoinRecord.decode(3, data)
+        layout.JoinRecord.decode(3, data)
     with pytest.raises(RendezvousStateError, match="result of round 4 is malformed"):
-        m.RoundResult.decode(4, data)
+        layout.RoundResult.decode(4, data)
 
 
 def test_assess_inbox_ranks_closed_over_lost_over_waiting() -> None:
@@ -202,7 +203,7 @@ def test_assess_inbox_ranks_closed_over_lost_over_waiting() -> None:
     members = (1, 2, 3)
     waiting = {"round/5/join/9": b"x", "round/5/count": b"1"}
     lost = {**waiting, "round/5/lost/2": b"lost", "round/5/lost/8": b"lost"}
-    closed = {**lost, "round/5/result": m.CLOSED_RESULT}
+    closed = {**lost, "round/5/result": layout.CLOSED_RESULT}
     assert m.assess_inbox(members, 4, {"round/5/count": b"1"}) is None
     assert m.assess_inbox(members, 4, {"round/5/lost/8": b"x"}) is None
     verdicts = [m.assess_inbox(members, 4, items) for items in (waiting, lost, closed)]
@@ -224,5 +225,58 @@ def test_ring_successor_wraps_and_is_none_alone() -> None:
 
 def test_alive_keys_parse_to_node_ids() -> None:
     """Liveness keys name node ids; other keys under node/ are ignored."""
-    keys = [m.alive_key(3), m.alive_key(12), "node/5/other"]
-    assert m.parse_alive(keys) == frozenset({3, 12})
+    keys = [layout.alive_key(3), layout.alive_key(12), "node/5/other"]
+    assert layout.parse_alive(keys) == frozenset({3, 12})
+
+
+def test_a_recruiter_waits_for_joins_after_the_revision_it_read() -> None:
+    """The wait for more joins starts at the store revision of the candidates' read."""
+    machine, _ = joined(node=2, arrival=2)
+    machine.send(m.DeadlineReached(), 10.0)
+    records = {1: record(1), 2: record(2)}
+    command = machine.send(m.Candidates(records, frozenset({2}), revision=41), 10.0)
+    assert command == m.AwaitJoins(1, 100.0, frozenset({1}), after=41)
+
+
+@pytest.mark.parametrize(
+    ("round_", "replies", "expected"),
+    [
+        (1, [b"1"], [b""]),  # round 1 expects no key and stores it at once
+        (3, [b"3"], [b"2"]),  # the usual case: one compare-and-set from the round before
+        (3, [b"2", b"3"], [b"2", b""]),  # no key yet: compared with nothing, then stored
+        (3, [b"1", b"3"], [b"2", b"1"]),  # a late latest: expect what is there
+        (3, [b"5"], [b"2"]),  # already beyond: never moved back
+    ],
+)
+def test_advancing_latest_compares_until_it_is_there_or_beyond(
+    round_: int, replies: list[bytes], expected: list[bytes]
+) -> None:
+    """Each compare-and-set expects what the last one found; the loop ends at or past round."""
+    step: m.AdvanceLatest | None = m.AdvanceLatest.first(round_)
+    seen = []
+    for reply in replies:
+        assert step is not None
+        assert (step.key, step.desired) == (layout.LATEST_KEY, str(round_).encode())
+        seen.append(step.expected)
+        step = step.then(reply)
+    assert (seen, step) == (expected, None)
+
+
+def test_closing_probes_rounds_until_the_marker_is_stored() -> None:
+    """The closed marker goes into the first round without a result, sealed ones are skipped."""
+    step = m.CloseRound(4)
+    assert (step.key, step.expected, step.desired) == (
+        layout.result_key(4),
+        b"",
+        layout.CLOSED_RESULT,
+    )
+    assert step.then(b'["h", 1, [1]]') == m.CloseRound(5)
+    assert m.CloseRound(5).then(layout.CLOSED_RESULT) is None
+
+
+def test_misuse_is_a_usage_error_and_still_a_state_error() -> None:
+    """Misuse raises RendezvousUsageError, which callers catching RendezvousStateError see."""
+    machine = m.JoinMachine(POLICY, 1, "h", 1)
+    with pytest.raises(RendezvousUsageError, match="not valid while reading"):
+        machine.send(m.StateRead(0, closed=False), 0.0)  # before start()
+    assert issubclass(RendezvousUsageError, RendezvousStateError)

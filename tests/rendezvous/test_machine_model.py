@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from aioelastic.rendezvous import _layout as layout
 from aioelastic.rendezvous import _machine as m
+
+S = TypeVar("S", bound=m.CompareSetStep)
 
 KEEP_ALIVE = 5.0
 HEARTBEAT = 15.0
@@ -76,7 +80,6 @@ class SimNode:
     healthy: bool = True
     machine: m.JoinMachine | None = None
     pending: m.Command | None = None
-    watch_from: int = 0
     previous: tuple[int, int] = (0, -1)
     started_at: float = 0.0
     outcomes: list[m.Command] = field(default_factory=list)
@@ -94,9 +97,10 @@ class RendezvousModel(RuleBasedStateMachine):
         self.closed_at: int | None = None  # store revision at close
         self.sealed_at: dict[int, float] = {}
         self.min_reached_at: dict[int, float] = {}
-        self.records: dict[int, dict[int, m.JoinRecord]] = {}
+        self.records: dict[int, dict[int, layout.JoinRecord]] = {}
         self.completions: list[tuple[int, int, int, tuple[int, ...]]] = []
-        self.deferred: list[tuple[str, bytes]] = []  # writes issued but not yet applied
+        self.deferred: list[m.AdvanceLatest] = []  # compare-and-sets issued, not yet applied
+        self.latest_seen = 0
 
     @initialize(
         min_nodes=st.integers(1, 3),
@@ -114,7 +118,7 @@ class RendezvousModel(RuleBasedStateMachine):
         node = SimNode(self.next_id)
         self.next_id += 1
         self.nodes[node.node] = node
-        self.store.set(m.alive_key(node.node), b"1", ttl=HEARTBEAT, now=self.now)
+        self.store.set(layout.alive_key(node.node), b"1", ttl=HEARTBEAT, now=self.now)
         self._begin(node)
 
     def _idle(self) -> list[SimNode]:
@@ -156,11 +160,11 @@ class RendezvousModel(RuleBasedStateMachine):
     def leave(self, data: st.DataObject) -> None:
         """A node shuts down gracefully: withdraws, reports itself gone, deletes its key."""
         node = data.draw(st.sampled_from([n for n in self.nodes.values() if n.healthy]))
-        if node.machine is not None and node.machine.phase is not m.Phase.READING:
-            self.store.delete(m.join_key(node.machine.round, node.node))
+        if node.machine is not None and node.machine.may_hold_join_record:
+            self.store.delete(layout.join_key(node.machine.round, node.node))
         if node.previous[0]:
-            self.store.set(m.lost_key(node.previous[0] + 1, node.node), b"left")
-        self.store.delete(m.alive_key(node.node))
+            self.store.set(layout.lost_key(node.previous[0] + 1, node.node), b"left")
+        self.store.delete(layout.alive_key(node.node))
         node.healthy = False
         node.machine = node.pending = None
 
@@ -168,12 +172,12 @@ class RendezvousModel(RuleBasedStateMachine):
     @rule()
     def close(self) -> None:
         """Someone calls set_closed (once a few rounds have formed, to leave room for them)."""
-        self.store.set(m.CLOSED_KEY, b"1")
-        round_ = int(self.store.data.get(m.LATEST_KEY, b"0")) + 1
-        while self.store.compare_set(m.result_key(round_), b"", m.CLOSED_RESULT) != (
-            m.CLOSED_RESULT
-        ):
-            round_ += 1
+        self.store.set(layout.CLOSED_KEY, b"1")
+        step: m.CloseRound | None = m.CloseRound(
+            int(self.store.data.get(layout.LATEST_KEY, b"0")) + 1
+        )
+        while step is not None:
+            step = self._compare_set(step)
         self.closed_at = self.store.revision
 
     @rule(dt=st.sampled_from([0.5, 2.0, KEEP_ALIVE]))
@@ -183,7 +187,7 @@ class RendezvousModel(RuleBasedStateMachine):
         self.store.expire(self.now)
         for node in self.nodes.values():
             if node.healthy:
-                self.store.set(m.alive_key(node.node), b"1", ttl=HEARTBEAT, now=self.now)
+                self.store.set(layout.alive_key(node.node), b"1", ttl=HEARTBEAT, now=self.now)
 
     # -- executing commands ---------------------------------------------------------------
 
@@ -211,9 +215,17 @@ class RendezvousModel(RuleBasedStateMachine):
     @precondition(lambda self: self.deferred)
     @rule(data=st.data())
     def flush(self, data: st.DataObject) -> None:
-        """A delayed write (a publisher advancing ``state/latest``) lands, in any order."""
-        key, value = self.deferred.pop(data.draw(st.integers(0, len(self.deferred) - 1)))
-        self.store.set(key, value)
+        """A delayed compare-and-set of a publisher advancing ``state/latest`` lands, in any
+        order with the others; the publisher's next one (if any) is issued."""
+        step = self._compare_set(
+            self.deferred.pop(data.draw(st.integers(0, len(self.deferred) - 1)))
+        )
+        if step is not None:
+            self.deferred.append(step)
+
+    def _compare_set(self, step: S) -> S | None:
+        """Apply one step of the machine's compare-and-set loops; return the next."""
+        return step.then(self.store.compare_set(step.key, step.expected, step.desired))
 
     def _outcome(self, node: SimNode, *, dry_run: bool) -> m.Event | None:
         """The event ``node``'s pending command produces now, or None while it must wait."""
@@ -221,55 +233,54 @@ class RendezvousModel(RuleBasedStateMachine):
         match command:
             case m.ReadState():
                 return m.StateRead(
-                    int(store.data.get(m.LATEST_KEY, b"0")), m.CLOSED_KEY in store.data
+                    int(store.data.get(layout.LATEST_KEY, b"0")), layout.CLOSED_KEY in store.data
                 )
             case m.Announce(round_, record):
                 if not dry_run:
-                    store.set(m.join_key(round_, record.node), record.encode())
+                    store.set(layout.join_key(round_, record.node), record.encode())
                     self.records.setdefault(round_, {})[record.node] = record
                 return m.Announced()
             case m.Count(round_):
                 if dry_run:
                     return m.Counted(0)
-                arrival = store.add(m.count_key(round_), 1)
+                arrival = store.add(layout.count_key(round_), 1)
                 if arrival == self.policy.min_nodes:
                     self.min_reached_at[round_] = self.now
                 return m.Counted(arrival)
             case m.AwaitResult(round_, deadline):
-                value = store.data.get(m.result_key(round_))
+                value = store.data.get(layout.result_key(round_))
                 if value is not None:
                     return m.ResultSeen(value)
                 return m.DeadlineReached() if self.now >= deadline else None
             case m.ReadCandidates(round_):
-                if not dry_run:
-                    node.watch_from = store.revision
-                records = m.parse_records(store.prefix(m.join_prefix(round_)))
-                return m.Candidates(records, m.parse_alive(store.prefix(m.alive_prefix())))
+                records = layout.parse_records(store.prefix(layout.join_prefix(round_)))
+                alive = layout.parse_alive(store.prefix(layout.alive_prefix()))
+                return m.Candidates(records, alive, store.revision)
             case m.Publish(round_, value):
                 if dry_run:
                     return m.Published(value)
-                first = m.result_key(round_) not in store.data
-                stored = store.compare_set(m.result_key(round_), b"", value)
+                first = layout.result_key(round_) not in store.data
+                stored = store.compare_set(layout.result_key(round_), b"", value)
                 if first and stored == value:
                     self.sealed_at[round_] = self.now
                     if self.closed_at is not None:
                         raise AssertionError(f"round {round_} sealed after the close")
-                    self.deferred.append((m.LATEST_KEY, str(round_).encode()))
+                    self.deferred.append(m.AdvanceLatest.first(round_))
                 return m.Published(stored)
-            case m.AwaitJoins(round_, deadline):
-                value = store.data.get(m.result_key(round_))
+            case m.AwaitJoins(round_, deadline, _, after):
+                value = store.data.get(layout.result_key(round_))
                 if value is not None:
                     return m.ResultSeen(value)
-                if store.changed_since(m.round_prefix(round_), node.watch_from):
+                if store.changed_since(layout.round_prefix(round_), after):
                     return m.JoinsChanged()
                 return m.DeadlineReached() if self.now >= deadline else None
             case m.Withdraw(round_, who):
-                records = m.parse_records(store.prefix(m.join_prefix(round_)))
-                alive = m.parse_alive(store.prefix(m.alive_prefix()))
-                live = sum(1 for n in records if n in alive)
+                records = layout.parse_records(store.prefix(layout.join_prefix(round_)))
+                alive = layout.parse_alive(store.prefix(layout.alive_prefix()))
+                live = len(m.live_joiners(records, alive))
                 if not dry_run:
-                    store.delete(m.join_key(round_, who))
-                return m.Withdrawn(store.data.get(m.result_key(round_)), live)
+                    store.delete(layout.join_key(round_, who))
+                return m.Withdrawn(store.data.get(layout.result_key(round_)), live)
         raise AssertionError(command)
 
     def _finish(self, node: SimNode, outcome: m.Finish | m.Fail) -> None:
@@ -279,7 +290,7 @@ class RendezvousModel(RuleBasedStateMachine):
             result = outcome.result
             self.completions.append((node.node, result.round, outcome.rank, result.members))
             node.previous = (result.round, outcome.rank)
-        elif outcome.reason is m.Phase.TIMED_OUT:
+        elif outcome.reason is m.FailReason.TIMED_OUT:
             assert self.now >= node.started_at + self.policy.join_timeout
 
     # -- invariants -------------------------------------------------------------------------
@@ -288,10 +299,10 @@ class RendezvousModel(RuleBasedStateMachine):
     def results_are_well_formed(self) -> None:
         """Every sealed round has min..max unique members who joined it, ranks 0..n-1."""
         for key, value in self.store.prefix("round/").items():
-            if not key.endswith("/result") or value == m.CLOSED_RESULT:
+            if not key.endswith("/result") or value == layout.CLOSED_RESULT:
                 continue
             round_ = int(key.split("/")[1])
-            result = m.RoundResult.decode(round_, value)
+            result = layout.RoundResult.decode(round_, value)
             members = result.members
             assert self.policy.min_nodes <= len(members) <= self.policy.max_nodes
             assert len(set(members)) == len(members)
@@ -305,9 +316,16 @@ class RendezvousModel(RuleBasedStateMachine):
     def everyone_sees_the_same_round(self) -> None:
         """Each completion matches the stored result: same members, rank = position."""
         for node, round_, rank, members in self.completions:
-            stored = m.RoundResult.decode(round_, self.store.data[m.result_key(round_)])
+            stored = layout.RoundResult.decode(round_, self.store.data[layout.result_key(round_)])
             assert stored.members == members
             assert members[rank] == node
+
+    @invariant()
+    def latest_never_moves_back(self) -> None:
+        """``state/latest`` only moves forward, whatever order the publishers' writes land in."""
+        latest = int(self.store.data.get(layout.LATEST_KEY, b"0"))
+        assert latest >= self.latest_seen
+        self.latest_seen = latest
 
     @invariant()
     def nodes_complete_rounds_in_order(self) -> None:
@@ -322,9 +340,9 @@ class RendezvousModel(RuleBasedStateMachine):
     def previous_members_keep_their_rank(self) -> None:
         """A member of round k-1 in round k keeps its rank when it is below the new size."""
         results = {
-            int(k.split("/")[1]): m.RoundResult.decode(int(k.split("/")[1]), v)
+            int(k.split("/")[1]): layout.RoundResult.decode(int(k.split("/")[1]), v)
             for k, v in self.store.prefix("round/").items()
-            if k.endswith("/result") and v != m.CLOSED_RESULT
+            if k.endswith("/result") and v != layout.CLOSED_RESULT
         }
         for round_, result in results.items():
             before = results.get(round_ - 1)
@@ -344,8 +362,10 @@ class RendezvousModel(RuleBasedStateMachine):
         the crashed ones left; a lost member shows in the survivors' inbox."""
         if not hasattr(self, "policy"):
             return
-        for key, value in self.deferred:
-            self.store.set(key, value)
+        while self.deferred:
+            step = self._compare_set(self.deferred.pop())
+            if step is not None:
+                self.deferred.append(step)
         self._drain()
         self.tick(HEARTBEAT)  # the crashed nodes' keys expire: only the fresh nodes are live
         fresh = [self.next_id + i for i in range(self.policy.min_nodes)]
@@ -373,12 +393,12 @@ class RendezvousModel(RuleBasedStateMachine):
                 self.tick(1.0)
 
     def _check_ring_reports_losses(self) -> None:
-        latest = int(self.store.data.get(m.LATEST_KEY, b"0"))
-        value = self.store.data.get(m.result_key(latest))
-        if latest == 0 or value is None or value == m.CLOSED_RESULT:
+        latest = int(self.store.data.get(layout.LATEST_KEY, b"0"))
+        value = self.store.data.get(layout.result_key(latest))
+        if latest == 0 or value is None or value == layout.CLOSED_RESULT:
             return
         self.tick(HEARTBEAT)  # every dead node's key has expired now
-        members = m.RoundResult.decode(latest, value).members
+        members = layout.RoundResult.decode(latest, value).members
         watchers = [
             self.nodes[n]
             for n in members
@@ -386,16 +406,16 @@ class RendezvousModel(RuleBasedStateMachine):
         ]
         for watcher in watchers:
             successor = m.ring_successor(members, watcher.node)
-            if successor is not None and m.alive_key(successor) not in self.store.data:
-                self.store.set(m.lost_key(latest + 1, successor), b"lost")
-        dead = [n for n in members if m.alive_key(n) not in self.store.data]
-        inbox = self.store.prefix(m.round_prefix(latest + 1))
+            if successor is not None and layout.alive_key(successor) not in self.store.data:
+                self.store.set(layout.lost_key(latest + 1, successor), b"lost")
+        dead = [n for n in members if layout.alive_key(n) not in self.store.data]
+        inbox = self.store.prefix(layout.round_prefix(latest + 1))
         for watcher in watchers:
             verdict = m.assess_inbox(members, latest, inbox)
             if dead:
                 assert verdict is not None, (watcher.node, dead)
             elif verdict is None:
-                assert not inbox or set(inbox) == {m.count_key(latest + 1)}
+                assert not inbox or set(inbox) == {layout.count_key(latest + 1)}
 
 
 RendezvousModel.TestCase.settings = settings(
