@@ -176,15 +176,37 @@ def torch_client(port: int) -> Any:
     )
 
 
-def timed(calls: int, run: Callable[[], object]) -> float:
-    start = time.perf_counter()
+@dataclass
+class Rate:
+    """One sequential workload: calls per second, and CPU per call of client and server."""
+
+    per_second: float
+    client_us: float
+    server_us: float
+
+
+def meter(server_pid: int) -> Callable[[int], Rate]:
+    """Start measuring; the function returned ends it and gives the rate of ``calls`` calls."""
+    server_cpu, cpu, start = cpu_seconds(server_pid), time.process_time(), time.perf_counter()
+
+    def stop(calls: int) -> Rate:
+        elapsed = time.perf_counter() - start
+        client_us = (time.process_time() - cpu) / calls * 1e6
+        server_us = (cpu_seconds(server_pid) - server_cpu) / calls * 1e6
+        return Rate(calls / elapsed, client_us, server_us)
+
+    return stop
+
+
+def timed(calls: int, run: Callable[[], object], server_pid: int) -> Rate:
+    stop = meter(server_pid)
     run()
-    return calls / (time.perf_counter() - start)
+    return stop(calls)
 
 
 def torch_sequential(
-    port: int, ops: tuple[str, ...] = ("set", "get", "add", "compare_set")
-) -> dict[str, float]:
+    port: int, server_pid: int, ops: tuple[str, ...] = ("set", "get", "add", "compare_set")
+) -> dict[str, Rate]:
     """torch's client, one call at a time, for each of ``ops`` in order (``set`` writes the
     keys that ``get`` and ``wait`` read)."""
     s = torch_client(port)
@@ -198,7 +220,7 @@ def torch_sequential(
         "compare_set": lambda: [s.compare_set("k0", VALUE, VALUE) for _ in range(n)],
         "wait": lambda: [s.wait([f"k{i}"]) for i in range(n)],
     }
-    return {op: timed(n, calls[op]) for op in ops}
+    return {op: timed(n, calls[op], server_pid) for op in ops}
 
 
 def torch_pipelined(port: int) -> float:
@@ -261,28 +283,33 @@ def run_async(fn: Callable[..., object], *args: object) -> object:
     return anyio.run(fn, *args, backend_options=_loop_options())  # type: ignore[arg-type]
 
 
-async def ours_sequential(port: int, kind: str = "ours") -> dict[str, float]:
+async def ours_sequential(port: int, server_pid: int, kind: str = "ours") -> dict[str, Rate]:
     async with ours_client(kind, port) as s:
         for i in range(100):
             await s.set(f"warm{i}", VALUE)
         n = SEQUENTIAL_OPS
+
+        async def set_() -> None:
+            for i in range(n):
+                await s.set(f"k{i}", VALUE)
+
+        async def get() -> None:
+            for i in range(n):
+                await s.get(f"k{i}")
+
+        async def add() -> None:
+            for _ in range(n):
+                await s.add("counter", 1)
+
+        async def compare_set() -> None:
+            for _ in range(n):
+                await s.compare_set("k0", VALUE, VALUE)
+
         rates = {}
-        start = time.perf_counter()
-        for i in range(n):
-            await s.set(f"k{i}", VALUE)
-        rates["set"] = n / (time.perf_counter() - start)
-        start = time.perf_counter()
-        for i in range(n):
-            await s.get(f"k{i}")
-        rates["get"] = n / (time.perf_counter() - start)
-        start = time.perf_counter()
-        for _ in range(n):
-            await s.add("counter", 1)
-        rates["add"] = n / (time.perf_counter() - start)
-        start = time.perf_counter()
-        for _ in range(n):
-            await s.compare_set("k0", VALUE, VALUE)
-        rates["compare_set"] = n / (time.perf_counter() - start)
+        for op, run in (("set", set_), ("get", get), ("add", add), ("compare_set", compare_set)):
+            stop = meter(server_pid)
+            await run()
+            rates[op] = stop(n)
         return rates
 
 
@@ -364,10 +391,11 @@ def worker(kind: str, port: int, pairs: int) -> None:
         store = torch_client(port)
         print("ready", flush=True)
         sys.stdin.readline()
+        cpu = time.process_time()
         for i in range(pairs):
             store.set(f"w{me}-{i}", VALUE)
             store.get(f"w{me}-{i}")
-        print("done", flush=True)
+        print("done", time.process_time() - cpu, flush=True)
         return
 
     async def run() -> None:
@@ -376,17 +404,18 @@ def worker(kind: str, port: int, pairs: int) -> None:
         async with ours_client(kind, port) as store:
             print("ready", flush=True)
             await anyio.to_thread.run_sync(sys.stdin.readline)
+            cpu = time.process_time()
             for i in range(pairs):
                 await store.set(f"w{me}-{i}", VALUE)
                 await store.get(f"w{me}-{i}")
-            print("done", flush=True)
+            print("done", time.process_time() - cpu, flush=True)
 
     run_async(run)
 
 
-def go_together(commands: list[list[str]]) -> float:
+def go_together(commands: list[list[str]]) -> tuple[float, float]:
     """Start the ``bench.store`` processes, wait until each says ready, tell them all to go;
-    return the seconds until the last says done."""
+    return the seconds until the last says done, and the CPU seconds they report with it."""
     processes = [
         subprocess.Popen(
             [sys.executable, "-m", "bench.store", *command],
@@ -404,18 +433,29 @@ def go_together(commands: list[list[str]]) -> float:
         assert process.stdin is not None
         process.stdin.write("go\n")
         process.stdin.flush()
+    reported = 0.0
     for process in processes:
         assert process.stdout is not None
-        assert process.stdout.readline().strip() == "done"
+        done, *cpu = process.stdout.readline().split()
+        assert done == "done"
+        reported += float(cpu[0]) if cpu else 0.0
     elapsed = time.perf_counter() - start
     for process in processes:
         process.wait(timeout=120)  # torch's processes take long to exit on a loaded machine
-    return elapsed
+    return elapsed, reported
 
 
-def many_processes(kind: str, port: int) -> float:
+def many_processes(kind: str, port: int, server_pid: int) -> dict[str, float]:
+    """16 processes doing set+get pairs: total calls/s, and CPU per call of clients and server."""
     commands = [["worker", kind, str(port), str(PAIRS)] for _ in range(PROCESSES)]
-    return PROCESSES * PAIRS * 2 / go_together(commands)
+    ops = PROCESSES * PAIRS * 2
+    server_cpu = cpu_seconds(server_pid)
+    elapsed, client_cpu = go_together(commands)
+    return {
+        "16 processes set+get": ops / elapsed,
+        "  server CPU per op, 16 processes": (cpu_seconds(server_pid) - server_cpu) / ops * 1e6,
+        "  client CPU per op, 16 processes": client_cpu / ops * 1e6,
+    }
 
 
 GLOO_RANKS = 16
@@ -439,22 +479,22 @@ def process_group_rank(port: int, rank: int, world: int) -> None:
 
 def init_process_group_seconds(port: int) -> float:
     """Seconds from 'go' until all :data:`GLOO_RANKS` ranks formed their gloo group."""
-    return go_together(
+    elapsed, _ = go_together(
         [["pg", str(port), str(rank), str(GLOO_RANKS)] for rank in range(GLOO_RANKS)]
     )
+    return elapsed
 
 
 def measure_torch_protocol(kind: str) -> dict[str, float]:
     """torch's client against one server kind (``ours`` or ``torch``); figures by row name."""
     figures: dict[str, float] = {}
-    with server(kind) as (port, _):
-        for op, rate in torch_sequential(port, ("set", "get", "add", "wait")).items():
-            figures[f"torch client: sequential {op}"] = rate
     with server(kind) as (port, pid):
-        cpu = cpu_seconds(pid)
-        figures["torch client: 16 processes set+get"] = many_processes("torch", port)
-        ops = PROCESSES * PAIRS * 2
-        figures["  server CPU per op, 16 processes"] = (cpu_seconds(pid) - cpu) / ops * 1e6
+        for op, rate in torch_sequential(port, pid, ("set", "get", "add", "wait")).items():
+            figures[f"torch client: sequential {op}"] = rate.per_second
+            figures[f"  server CPU per {op}"] = rate.server_us
+    with server(kind) as (port, pid):
+        for name, value in many_processes("torch", port, pid).items():
+            figures[name.replace("16 processes set", "torch client: 16 processes set")] = value
     with server(kind) as (port, pid):
         cpu = cpu_seconds(pid)
         seconds = init_process_group_seconds(port)
@@ -465,6 +505,7 @@ def measure_torch_protocol(kind: str) -> dict[str, float]:
 
 TORCH_PROTOCOL_UNITS = {
     "torch client": "ops/s",
+    "  client CPU per op": "us",
     "init_process_group": "ms",
     "  server CPU per op": "us",
     "  server CPU,": "ms",
@@ -503,18 +544,20 @@ def measure(kind: str, rows: tuple[str, ...] = ()) -> dict[str, float]:
     """Run every workload (or those whose names start with one of ``rows``) against one store
     kind; return figures by row name."""
     figures: dict[str, float] = {}
-    with server(kind) as (port, _):
+    with server(kind) as (port, pid):
         sequential = (
-            torch_sequential(port) if kind == "torch" else run_async(ours_sequential, port, kind)
+            torch_sequential(port, pid)
+            if kind == "torch"
+            else run_async(ours_sequential, port, pid, kind)
         )
         assert isinstance(sequential, dict)
         for op, rate in sequential.items():
-            figures[f"sequential {op}"] = rate
+            figures[f"sequential {op}"] = rate.per_second
+        for op, rate in sequential.items():
+            figures[f"  client CPU per {op}"] = rate.client_us
+            figures[f"  server CPU per {op}"] = rate.server_us
     with server(kind) as (port, pid):
-        cpu = cpu_seconds(pid)
-        figures["16 processes set+get"] = many_processes(kind, port)
-        ops = PROCESSES * PAIRS * 2
-        figures["  server CPU per op, 16 processes"] = (cpu_seconds(pid) - cpu) / ops * 1e6
+        figures.update(many_processes(kind, port, pid))
     if rows:
         return figures
     with server(kind) as (port, _):
@@ -573,6 +616,7 @@ UNITS = {
     f"{WAITERS} waiters": "ms",
     "server": "MiB",
     "  server CPU": "us",
+    "  client CPU": "us",
 }
 
 
@@ -581,6 +625,11 @@ def main() -> None:
     parser.add_argument("--no-torch", action="store_true", help="measure aioelastic only")
     parser.add_argument(
         "--security", action="store_true", help="measure only what a token and TLS cost"
+    )
+    parser.add_argument(
+        "--hot-path",
+        action="store_true",
+        help="measure only the sequential and 16-process rows (with CPU per call), both stores",
     )
     parser.add_argument(
         "--torch-protocol",
@@ -594,14 +643,17 @@ def main() -> None:
     if args.torch_protocol:
         print_torch_protocol()
         return
-    ours = measure("ours")
-    theirs = measure("torch") if HAVE_TORCH and not args.no_torch else {}
+    rows = ("sequential", "16 processes") if args.hot_path else ()
+    ours = measure("ours", rows)
+    theirs = measure("torch", rows) if HAVE_TORCH and not args.no_torch else {}
     loop = "uvloop" if _loop_options()["use_uvloop"] else "asyncio"
     print(f"TCP store, aioelastic (client and server on {loop}) vs torch.distributed.TCPStore")
     print(f"{'workload':<34} {'unit':<7} {'aioelastic':>12} {'torch':>12} {'ratio':>7}")
     for name, value in ours.items():
         unit = next(u for prefix, u in UNITS.items() if name.startswith(prefix))
         print(Row(name, unit, value, theirs.get(name)).render())
+    if args.hot_path:
+        return
     print()
     print_security()
     if not args.no_torch:

@@ -31,6 +31,7 @@ import abc
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import ssl
 from collections.abc import Callable, Sequence
@@ -220,24 +221,66 @@ class _Signal(abc.ABC):
         """Return once set, or at ``deadline`` on the event loop's clock."""
 
 
-class _FutureSignal(_Signal):
-    """On asyncio: a bare future and a timer handle, no cancel scope and no Event per call."""
+class _Alarm:
+    """One timer for all the waiting calls of a client on asyncio, armed at the earliest
+    deadline among them (a timer per call costs about 5 us on uvloop, a quarter of a call)."""
 
-    __slots__ = ("future",)
+    _EARLY = 0.001
+    """A deadline this close is due: loops round timers to the millisecond."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.future: asyncio.Future[None] = loop.create_future()
+        self.loop = loop
+        self.waiting: dict[_FutureSignal, float] = {}
+        self.at = math.inf
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, signal: _FutureSignal, deadline: float) -> None:
+        self.waiting[signal] = deadline
+        if deadline < self.at:
+            self._arm(deadline)
+
+    def _arm(self, at: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.at = at
+        self.timer = self.loop.call_at(at, self._ring)
+
+    def _ring(self) -> None:
+        """Wake the calls whose deadline passed; re-arm for the earliest of the others."""
+        self.timer, self.at = None, math.inf
+        due = self.loop.time() + self._EARLY
+        later = math.inf
+        for signal, deadline in list(self.waiting.items()):
+            if deadline <= due:
+                del self.waiting[signal]
+                signal.set()
+            elif deadline < later:
+                later = deadline
+        if later < math.inf:
+            self._arm(later)
+
+
+class _FutureSignal(_Signal):
+    """On asyncio: a bare future, its deadline kept by the client's :class:`_Alarm` (no timer
+    handle, cancel scope or Event per call)."""
+
+    __slots__ = ("alarm", "future")
+
+    def __init__(self, alarm: _Alarm) -> None:
+        self.alarm = alarm
+        self.future: asyncio.Future[None] = alarm.loop.create_future()
 
     def set(self) -> None:
         if not self.future.done():
             self.future.set_result(None)
 
     async def wait(self, deadline: float) -> None:
-        timer = self.future.get_loop().call_at(deadline, self.set)
+        waiting = self.alarm.waiting
+        self.alarm.add(self, deadline)
         try:
             await self.future
         finally:
-            timer.cancel()
+            waiting.pop(self, None)
 
 
 class _EventSignal(_Signal):
@@ -331,7 +374,7 @@ class TCPStore(Store):
             raise RuntimeError("a TCPStore can be entered only once")
         if on_asyncio():
             loop = asyncio.get_running_loop()
-            self._new_signal, self._now = partial(_FutureSignal, loop), loop.time
+            self._new_signal, self._now = partial(_FutureSignal, _Alarm(loop)), loop.time
         connection = await self._connect(self.connect_timeout)
         self._connection = connection
         task_group = anyio.create_task_group()

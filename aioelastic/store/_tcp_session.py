@@ -26,7 +26,6 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Generic, TypeVar
 
 from aioelastic.store._api import Snapshot
@@ -46,9 +45,11 @@ from aioelastic.store._tcp_codec import (
     Status,
     decode_preamble,
     encode_reply,
+    reply_encoder,
 )
 from aioelastic.store._tcp_requests import (
     Add,
+    AnyRequest,
     Append,
     Auth,
     Cancel,
@@ -136,8 +137,11 @@ class Handler(Generic[R]):
     wait: Callable[[MemoryStore, R], Awaitable[object]] | None = None
 
 
+_ok_reply = reply_encoder(Status.OK)
+
+
 def _ok(request_id: int, _: object) -> bytes:
-    return encode_reply(Status.OK, request_id)
+    return _ok_reply(request_id)
 
 
 def _snapshot(request_id: int, snapshot: Snapshot) -> bytes:
@@ -147,11 +151,11 @@ def _snapshot(request_id: int, snapshot: Snapshot) -> bytes:
     )
 
 
-_bytes = partial(encode_reply, Status.BYTES)
-_int = partial(encode_reply, Status.INT)
-_bool = partial(encode_reply, Status.BOOL)
-_values = partial(encode_reply, Status.VALUES)
-_seconds = partial(encode_reply, Status.SECONDS)
+_bytes = reply_encoder(Status.BYTES)
+_int = reply_encoder(Status.INT)
+_bool = reply_encoder(Status.BOOL)
+_values = reply_encoder(Status.VALUES)
+_seconds = reply_encoder(Status.SECONDS)
 
 
 def _get_now(store: MemoryStore, request: Get) -> object:
@@ -280,7 +284,7 @@ class Session:
         self._held.discard(request.request_id)
         if reply is None or self.phase is not Phase.OPEN:
             return None
-        return self._fit(request.request_id, request.op.name, reply)
+        return self._fit(request, reply)
 
     def _drop(self, reason: str) -> None:
         self.counts.dropped += 1
@@ -443,7 +447,7 @@ class Session:
             if result is PARK:
                 assert isinstance(request, Get | MultiGet | Wait | WaitForChange)
                 return self._park(request)
-            return self._fit(request_id, request.op.name, handler.reply(request_id, result))
+            return self._fit(request, handler.reply(request_id, result))
         except StoreValueError as error:
             return encode_reply(Status.VALUE_ERROR, request_id, str(error))
         except StoreClosedError as error:
@@ -478,7 +482,7 @@ class Session:
         self.parked.append(request)
         return None
 
-    def _fit(self, request_id: int, op_name: str, reply: bytes) -> bytes:
+    def _fit(self, request: AnyRequest, reply: bytes) -> bytes:
         """Return ``reply``, or a ``VALUE_ERROR`` if it is above the frame limit.
 
         The client learnt the limit at the handshake; a larger reply would make it drop the
@@ -489,8 +493,8 @@ class Session:
             return reply
         return encode_reply(
             Status.VALUE_ERROR,
-            request_id,
-            f"the reply to {op_name.lower()} would be a frame of {size} bytes, which "
+            request.request_id,
+            f"the reply to {request.op.name.lower()} would be a frame of {size} bytes, which "
             f"exceeds the maximum frame size of {limit}; read fewer or smaller keys at once "
             "(a narrower prefix, fewer keys per multi_get) or raise max_frame_size on both ends",
         )
