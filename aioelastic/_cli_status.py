@@ -1,13 +1,15 @@
 """``aioelastic status``: a job's rendezvous state, read from its store (TCP or etcd).
 
 It opens the store the way the chosen backend's nodes do (as a client only: it never hosts
-the c10d store), reads the run's keys once, and prints :func:`aioelastic._status.format_status`
-(or JSON with ``--json``). It changes nothing in the store.
+the c10d store), reads the run's keys once, and prints
+:func:`aioelastic.rendezvous._status.format_status` (or JSON with ``--json``). It changes nothing
+in the store.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import AsyncIterator, Iterable
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aioelastic.agent._cli import parse_rdzv_conf
 
 if TYPE_CHECKING:
-    from aioelastic._status import RunStatus
+    from aioelastic.rendezvous._status import RunStatus
     from aioelastic.store import Store
 
 PROG = "aioelastic status"
@@ -70,9 +72,10 @@ def status_command(args: argparse.Namespace) -> int:
     """The ``aioelastic status`` handler: read, print, exit 0 (1 if a source is unreachable)."""
     import anyio
 
-    from aioelastic._status import format_learned, format_stacks, format_status, format_timers
+    from aioelastic.agent._status import format_learned, format_stacks, format_timers
     from aioelastic.events import to_data
     from aioelastic.rendezvous import RendezvousError
+    from aioelastic.rendezvous._status import format_status
 
     if args.rdzv_endpoint is None and args.timers is None:
         print(
@@ -152,9 +155,10 @@ async def fetch_status(
     backend: str, endpoint: str, run_id: str, conf: dict[str, str], timeout: float
 ) -> RunStatus:
     """Read run ``run_id``'s rendezvous keys from its store and decode them."""
-    from aioelastic._status import read_status
+    from aioelastic.agent._status import read_generations
     from aioelastic.rendezvous import RendezvousConnectionError
     from aioelastic.rendezvous import _layout as layout
+    from aioelastic.rendezvous._status import read_status
     from aioelastic.store import PrefixStore, StoreError
 
     async with open_store(backend, endpoint, run_id, conf, timeout) as store:
@@ -164,7 +168,9 @@ async def fetch_status(
             ttl_left = await _liveness_ttls(run, layout.parse_alive(snapshot.items))
         except StoreError as error:
             raise RendezvousConnectionError(f"reading run {run_id!r} failed: {error}") from error
-    return read_status(run_id, snapshot.items, ttl_left)
+    status = read_status(run_id, snapshot.items, ttl_left)
+    generations = read_generations(snapshot.items, status.round)
+    return dataclasses.replace(status, generations=generations)
 
 
 async def fetch_stacks(
@@ -172,9 +178,10 @@ async def fetch_stacks(
 ) -> dict[str, Any]:
     """Ask the agents of run ``run_id``'s last round for their workers' stacks (see
     :mod:`aioelastic.agent._stack_requests`); the grouped result as data."""
-    from aioelastic._status import read_status, stacks_data
     from aioelastic.agent._stack_requests import request_stacks
+    from aioelastic.agent._status import stacks_data
     from aioelastic.rendezvous import RendezvousConnectionError
+    from aioelastic.rendezvous._status import read_status
     from aioelastic.store import PrefixStore, StoreError
 
     async with open_store(backend, endpoint, run_id, conf, timeout) as store:

@@ -34,8 +34,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def timeline_command(args: argparse.Namespace) -> int:
     """Read the logs, draw, say where the picture went; 2 on unusable input."""
-    from aioelastic._timeline import build_timeline, render_timeline
     from aioelastic.events import EventLogError, read_event_log
+    from aioelastic.events._timeline import build_timeline, render_timeline
 
     if importlib.util.find_spec("matplotlib") is None:
         print(f"{PROG}: needs matplotlib: pip install 'aioelastic[timeline]'", file=sys.stderr)

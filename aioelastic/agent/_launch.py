@@ -445,12 +445,14 @@ async def launch(config: LaunchConfig) -> int:
 
 async def _run(config: LaunchConfig, guardian: Guardian) -> int:
     from aioelastic._concurrency import unwrap_single_error
+    from aioelastic._observe import observe
+    from aioelastic._progress import watch_rendezvous
     from aioelastic.agent._agent import ElasticAgent
     from aioelastic.agent._errors import AgentError, WorkerSpecError
     from aioelastic.agent._report import format_report
     from aioelastic.agent._spec import ForensicsSpec, WorkerSpec
     from aioelastic.agent._timeouts import TimeoutConflictError
-    from aioelastic.events import EventLogError, observe, watch_rendezvous
+    from aioelastic.events import EventLogError
     from aioelastic.metrics import MetricsPortError
     from aioelastic.rendezvous import (
         RendezvousError,

@@ -5,7 +5,13 @@ Components keep their own frozen event dataclasses (``aioelastic.timer``'s ``Tim
 component attached to it and hands each, as an :class:`EventRecord`, to subscribers: a
 :class:`LoggingSubscriber`, a :class:`JsonLinesWriter` (``aioelastic run --events-file``), the
 Prometheus metrics of ``aioelastic.metrics``, or a test.
+
+This package sits below the parts it observes: importing it loads none of them. ``observe``
+(which wires a job's components to the subscribers) and ``watch_rendezvous`` (which polls a
+rendezvous handler) live in the launcher layer above; they are re-exported here lazily.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from aioelastic.events._jsonl import (
     EventLogError,
@@ -17,8 +23,6 @@ from aioelastic.events._jsonl import (
     to_data,
 )
 from aioelastic.events._logging import WARNING_KINDS, LoggingSubscriber
-from aioelastic.events._observe import observe
-from aioelastic.events._progress import RendezvousWaiting, watch_rendezvous
 from aioelastic.events._stream import (
     Emitter,
     EventRecord,
@@ -46,3 +50,24 @@ __all__ = [
     "to_data",
     "watch_rendezvous",
 ]
+
+if TYPE_CHECKING:
+    from aioelastic._observe import observe
+    from aioelastic._progress import RendezvousWaiting, watch_rendezvous
+
+_LAZY = {
+    "observe": "aioelastic._observe",
+    "RendezvousWaiting": "aioelastic._progress",
+    "watch_rendezvous": "aioelastic._progress",
+}
+"""Names re-exported from the launcher layer, imported on first use (not by ``import``)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

@@ -15,13 +15,24 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import Listener, SocketAttribute, SocketStream, TaskStatus
 
+from aioelastic._progress import RendezvousWaiting
+from aioelastic.agent._events import (
+    GroupRestarting,
+    MembershipChanged,
+    RendezvousCompleted,
+    RendezvousJoining,
+    TimeoutsLearnedIn,
+    WorkerFailed,
+    WorkerReaped,
+)
 from aioelastic.events import EventRecord
+from aioelastic.timer._events import ProcessExited, TimerAcquired, TimerExpired, TimerReleased
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-WAIT_STARTS = frozenset({"RendezvousJoining", "GroupRestarting", "MembershipChanged"})
-"""Event kinds after which an agent is back in rendezvous (the duration histogram's start)."""
+WAIT_STARTS = (RendezvousJoining, GroupRestarting, MembershipChanged)
+"""Events after which an agent is back in rendezvous (the duration histogram's start)."""
 
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 """Rendezvous duration buckets, in seconds."""
@@ -163,36 +174,36 @@ class PrometheusMetrics:
         return data
 
     def __call__(self, record: EventRecord) -> None:
-        kind, event = record.kind, record.event
-        self.events.labels(record.source, kind).inc()
+        event = record.event
+        self.events.labels(record.source, record.kind).inc()
         if self._waiting_since is None:
             self._waiting_since = record.time
-        match kind:
-            case "RendezvousWaiting":
+        match event:
+            case RendezvousWaiting():
                 self.waiting_nodes.set(event.joined)
-            case "RendezvousCompleted":
+            case RendezvousCompleted():
                 self.waiting_nodes.set(0)
                 self.rounds.inc()
                 self.world_size.set(event.world_size)
                 self.rendezvous_duration.observe(max(0.0, record.time - self._waiting_since))
-            case "GroupRestarting":
+            case GroupRestarting():
                 self.restarts.inc()
-            case "WorkerFailed":
+            case WorkerFailed():
                 self.worker_failures.inc()
-            case "WorkerReaped":
+            case WorkerReaped():
                 self.reaps.inc()
-            case "MembershipChanged":
+            case MembershipChanged():
                 self.membership_changes.inc()
-            case "TimerAcquired":
+            case TimerAcquired():
                 self._timers[(event.pid, event.scope_id)] = event.deadline
-            case "TimerReleased" | "TimerExpired":
+            case TimerReleased() | TimerExpired():
                 self._timers.pop((event.pid, event.scope_id), None)
-            case "TimeoutsLearnedIn":
+            case TimeoutsLearnedIn():
                 if event.directory not in self._learned_dirs:
                     self._learned_dirs.append(event.directory)
-            case "ProcessExited":
+            case ProcessExited():
                 self._timers = {k: d for k, d in self._timers.items() if k[0] != event.pid}
-        if kind in WAIT_STARTS:
+        if isinstance(event, WAIT_STARTS):
             self._waiting_since = record.time
         self.active_timers.set(len(self._timers))
 

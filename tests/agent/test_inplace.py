@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from aioelastic._cli_status import fetch_status
-from aioelastic._status import format_status
+from aioelastic.rendezvous._status import format_status
 from tests.agent.conftest import BOUND, WORKER, free_port, launched, wait_gone
 
 pytestmark = pytest.mark.anyio

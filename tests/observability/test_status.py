@@ -12,21 +12,15 @@ import anyio
 import pytest
 
 from aioelastic._cli_status import fetch_status
-from aioelastic._status import (
-    NodeStatus,
-    RunStatus,
-    format_learned,
-    format_stacks,
-    format_status,
-    read_status,
-)
 from aioelastic.agent._report import StackRecord
 from aioelastic.agent._stack_requests import RankStack, decode_answer, encode_answer
 from aioelastic.agent._stacks import Place
+from aioelastic.agent._status import format_learned, format_stacks
 from aioelastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._layout import encode_alive
 from aioelastic.rendezvous._parameters import ElasticSettings
+from aioelastic.rendezvous._status import NodeStatus, RunStatus, format_status, read_status
 from aioelastic.store import TCPStoreServer
 from aioelastic.testing import ManualClock, RendezvousCluster
 
@@ -233,7 +227,7 @@ def test_learned_timeouts_are_a_table_by_scope() -> None:
 def test_stack_answers_group_into_one_table() -> None:
     """`status --stacks`: every node's answer (through the store's JSON) grouped, suspects
     named, each rank's place and its stack file on its host."""
-    from aioelastic._status import stacks_data
+    from aioelastic.agent._status import stacks_data
 
     def rank(number: int, place: Place | None, path: str | None) -> RankStack:
         record = StackRecord(number, 100 + number, "py-spy" if path else None, path, None)

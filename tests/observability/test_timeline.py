@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from aioelastic._timeline import Mark, Span, build_timeline, render_timeline
 from aioelastic.events import LoggedEvent
+from aioelastic.events._timeline import Mark, Span, build_timeline, render_timeline
 
 
 def ev(time: float, kind: str, node: str = "a", **data: Any) -> LoggedEvent:
@@ -113,7 +113,7 @@ def test_the_handlers_and_the_agents_completions_make_one_span() -> None:
 
 def test_labels_of_one_incident_stack_and_do_not_repeat() -> None:
     """Marks of one lane at nearly one time raise their labels; a repeated label is not shown."""
-    from aioelastic._timeline import _label_offsets
+    from aioelastic.events._timeline import _label_offsets
 
     timeline = build_timeline(
         [

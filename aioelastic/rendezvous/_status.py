@@ -1,26 +1,20 @@
-"""A job's state as its rendezvous store knows it, and a node's watchdog timers: pure decoding
-and plain-text tables.
+"""A job's state as its rendezvous store knows it: pure decoding and a plain-text table.
 
 Reads the elastic rendezvous keys of one run (the layout of :mod:`aioelastic.rendezvous._layout`)
 from a snapshot and says: the last sealed round and its participants (rank, node id, host,
 alive or not), the nodes waiting for the next round, nodes reported lost, and whether the run
 is closed. Liveness is the store's verdict (a node's TTL key exists), never a clock comparison;
 so is a heartbeat's age: the TTL the node wrote its liveness key with (recorded in the value)
-minus the time the store says that key has left, both on the store's own clock.
+minus the time the store says that key has left, both on the store's own clock. What the agents
+publish beside those keys (in-place generations) is decoded by the agent's layer and handed in.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from aioelastic.agent._generations import GENERATION_PREFIX
 from aioelastic.rendezvous import _layout as layout
-
-if TYPE_CHECKING:
-    from aioelastic.agent._stack_requests import RankStack
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +61,17 @@ class RunStatus:
 
 
 def read_status(
-    run_id: str, items: Mapping[str, bytes], ttl_left: Mapping[int, float] | None = None
+    run_id: str,
+    items: Mapping[str, bytes],
+    ttl_left: Mapping[int, float] | None = None,
+    *,
+    generations: Sequence[GenerationStatus] = (),
 ) -> RunStatus:
     """Decode ``items`` (keys relative to the run's ``rdzv/<run_id>/`` namespace).
 
-    ``ttl_left`` maps node ids to the seconds their liveness key has left, as the store said.
+    ``ttl_left`` maps node ids to the seconds their liveness key has left, as the store said;
+    ``generations`` are the in-place worlds the agents published (see
+    :func:`aioelastic.agent._status.read_generations`).
     """
     latest = int(items.get(layout.LATEST_KEY, b"0"))
     alive = layout.parse_alive(items)
@@ -89,12 +89,12 @@ def read_status(
     participants: tuple[NodeStatus, ...] = ()
     if result_data is not None and result_data != layout.CLOSED_RESULT:
         result = layout.RoundResult.decode(latest, result_data)
-        joined = layout.parse_records(_under(items, layout.join_prefix(latest)))
+        joined = layout.parse_records(under(items, layout.join_prefix(latest)))
         participants = tuple(
             node_status(node, rank, joined[node].addr if node in joined else "?")
             for rank, node in enumerate(result.members)
         )
-    upcoming = layout.parse_records(_under(items, layout.join_prefix(latest + 1)))
+    upcoming = layout.parse_records(under(items, layout.join_prefix(latest + 1)))
     waiting = tuple(node_status(node, -1, record.addr) for node, record in sorted(upcoming.items()))
     lost_prefix = f"{layout.round_prefix(latest + 1)}lost/"
     lost = {
@@ -110,30 +110,12 @@ def read_status(
         waiting=waiting,
         lost=lost,
         nodes_seen=int(items.get(layout.NODE_IDS_KEY, b"0")),
-        generations=_generations(_under(items, f"store/{latest}/{GENERATION_PREFIX}")),
+        generations=tuple(generations),
     )
 
 
-def _generations(items: Mapping[str, bytes]) -> tuple[GenerationStatus, ...]:
-    found = []
-    for key, value in sorted(items.items()):
-        try:
-            data = json.loads(value)
-            found.append(
-                GenerationStatus(
-                    int(key.rsplit("/", 1)[1]),
-                    int(data["generation"]),
-                    str(data["phase"]),
-                    tuple(int(p) for p in data["pids"]),
-                    tuple(int(p) for p in data["spares"]),
-                )
-            )
-        except (ValueError, KeyError, TypeError):
-            continue  # not ours, or another version's: status shows what it can read
-    return tuple(found)
-
-
-def _under(items: Mapping[str, bytes], prefix: str) -> dict[str, bytes]:
+def under(items: Mapping[str, bytes], prefix: str) -> dict[str, bytes]:
+    """The items whose key starts with ``prefix``."""
     return {key: value for key, value in items.items() if key.startswith(prefix)}
 
 
@@ -179,73 +161,3 @@ def _heartbeat(node: NodeStatus) -> str:
 def _node_columns(node: NodeStatus) -> str:
     alive = "yes" if node.alive else "NO"
     return f"{node.node:>5}  {alive:5}  {_heartbeat(node):>14}  {node.addr}"
-
-
-def format_timers(node: str, timers: Sequence[Mapping[str, Any]]) -> str:
-    """The watchdog timers armed on ``node`` (as its metrics endpoint lists them), soonest first."""
-    if not timers:
-        return f"node {node}: no watchdog timer armed"
-    lines = [f"node {node}: {len(timers)} watchdog timer{'' if len(timers) == 1 else 's'} armed"]
-    lines.append(f"  {'pid':>7}  {'left (s)':>9}  scope")
-    for timer in timers:
-        left = float(timer["seconds_left"])
-        lines.append(f"  {timer['pid']:>7}  {left:>9.1f}  {timer['scope_id']}")
-    return "\n".join(lines)
-
-
-def stacks_data(
-    answers: Mapping[int, Sequence[RankStack]], silent: Sequence[int]
-) -> dict[str, Any]:
-    """What ``status --stacks`` found, as data: the grouping, suspects and each rank's capture."""
-    from aioelastic.agent._stacks import diagnose
-
-    stacks = sorted((s for node in answers.values() for s in node), key=lambda s: s.record.rank)
-    diagnosis = diagnose({s.record.rank: s.place for s in stacks})
-    return {
-        "summary": diagnosis.summary,
-        "suspects": list(diagnosis.suspects),
-        "silent_nodes": list(silent),
-        "ranks": [
-            {
-                "rank": s.record.rank,
-                "node": node,
-                "pid": s.record.pid,
-                "place": s.record.place,
-                "method": s.record.method,
-                "stack_file": s.record.stack_file,
-                "reason": s.record.reason,
-            }
-            for node, ranks in sorted(answers.items())
-            for s in ranks
-        ],
-    }
-
-
-def format_stacks(run_id: str, data: Mapping[str, Any]) -> str:
-    """The human form of :func:`stacks_data`."""
-    lines = [f"run {run_id!r} stacks: {data['summary']}"]
-    suspects = ", ".join(map(str, data["suspects"])) or "none"
-    lines.append(f"  suspects: {suspects}")
-    if data["silent_nodes"]:
-        lines.append(f"  no answer from node(s): {', '.join(map(str, data['silent_nodes']))}")
-    lines.append(f"  {'rank':>4}  {'node':>4}  {'pid':>7}  place / stack file")
-    for rank in sorted(data["ranks"], key=lambda r: r["rank"]):
-        where = rank["place"] or f"no stack ({rank['reason']})"
-        lines.append(f"  {rank['rank']:>4}  {rank['node']:>4}  {rank['pid']:>7}  {where}")
-        if rank["stack_file"]:
-            lines.append(f"  {'':>4}  {'':>4}  {'':>7}  {rank['stack_file']}")
-    return "\n".join(lines)
-
-
-def format_learned(node: str, learned: Mapping[str, Mapping[str, float]]) -> str:
-    """The limits a node's ``expires(after="auto")`` scopes learned (as ``/learned`` lists them)."""
-    if not learned:
-        return f"node {node}: no learned timeout yet"
-    lines = [f"node {node}: learned timeouts"]
-    lines.append(f"  {'limit (s)':>9}  {'longest (s)':>11}  {'blocks':>6}  scope")
-    for scope, item in learned.items():
-        lines.append(
-            f"  {item['limit']:>9.1f}  {item['longest']:>11.1f}  "
-            f"{int(item['observations']):>6}  {scope}"
-        )
-    return "\n".join(lines)

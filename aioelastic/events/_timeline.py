@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aioelastic.events import LoggedEvent
+from aioelastic.events._jsonl import LoggedEvent
 
 RENDEZVOUS_STARTS = frozenset(
     {"RendezvousJoining", "RoundJoining", "GroupRestarting", "MembershipChanged"}

@@ -1,7 +1,9 @@
 """Wire a running job's components to the standard subscribers in one ``async with``.
 
 ``aioelastic run`` calls :func:`observe` with its agent, an optional ``--events-file`` and an
-optional ``--metrics-port``; embedding programs can do the same with their own components.
+optional ``--metrics-port``; embedding programs can do the same with their own components
+(``from aioelastic.events import observe``). It composes the event stream, its subscribers and
+the metrics server, so it sits in the launcher layer, above every part it wires.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ An elastic handler announces ``RoundJoining`` when it starts to join and ``Round
 when it is done. While it is joining, :func:`watch_rendezvous` wakes every ``interval``
 seconds, asks the handler how many nodes have joined the next round, and reports a typed
 :class:`RendezvousWaiting` event to the stream (the logging subscriber logs it) and, when asked,
-one line on a console: silence during a ten-minute join timeout is what users hate most.
+one line on a console: silence during a ten-minute join timeout is what users hate most. It polls
+a handler from outside, so it sits in the launcher layer, above the rendezvous it watches.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aioelastic._clock import Clock, MonotonicClock
 from aioelastic._concurrency import unwrap_single_error
 from aioelastic.events._stream import EventStream
 from aioelastic.rendezvous._errors import RendezvousError
+from aioelastic.rendezvous._info import RoundJoining
 
 logger = logging.getLogger("aioelastic.rendezvous.progress")
 
@@ -85,7 +87,7 @@ async def watch_rendezvous(
     started = [0.0]
 
     def on_event(event: object) -> None:
-        if type(event).__name__ == "RoundJoining":
+        if isinstance(event, RoundJoining):
             started[0] = timer.now()
             joining.set()
 

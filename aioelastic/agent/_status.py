@@ -1,0 +1,105 @@
+"""What a node's agent publishes, decoded and formatted for ``aioelastic status`` (pure).
+
+From the round's store: each node's in-place world (generation, pids, spares) and the stacks its
+agent captured on request. From the node's metrics endpoint: the armed watchdog timers and the
+learned timeouts. The rendezvous keys themselves are :mod:`aioelastic.rendezvous._status`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aioelastic.agent._generations import GENERATION_PREFIX
+from aioelastic.agent._stack_requests import RankStack
+from aioelastic.agent._stacks import diagnose
+from aioelastic.rendezvous._status import GenerationStatus, under
+
+
+def read_generations(items: Mapping[str, bytes], round_: int) -> tuple[GenerationStatus, ...]:
+    """The in-place worlds the nodes of round ``round_`` published (keys as for ``read_status``)."""
+    found = []
+    for key, value in sorted(under(items, f"store/{round_}/{GENERATION_PREFIX}").items()):
+        try:
+            data = json.loads(value)
+            found.append(
+                GenerationStatus(
+                    int(key.rsplit("/", 1)[1]),
+                    int(data["generation"]),
+                    str(data["phase"]),
+                    tuple(int(p) for p in data["pids"]),
+                    tuple(int(p) for p in data["spares"]),
+                )
+            )
+        except (ValueError, KeyError, TypeError):
+            continue  # not ours, or another version's: status shows what it can read
+    return tuple(found)
+
+
+def format_timers(node: str, timers: Sequence[Mapping[str, Any]]) -> str:
+    """The watchdog timers armed on ``node`` (as its metrics endpoint lists them), soonest first."""
+    if not timers:
+        return f"node {node}: no watchdog timer armed"
+    lines = [f"node {node}: {len(timers)} watchdog timer{'' if len(timers) == 1 else 's'} armed"]
+    lines.append(f"  {'pid':>7}  {'left (s)':>9}  scope")
+    for timer in timers:
+        left = float(timer["seconds_left"])
+        lines.append(f"  {timer['pid']:>7}  {left:>9.1f}  {timer['scope_id']}")
+    return "\n".join(lines)
+
+
+def stacks_data(
+    answers: Mapping[int, Sequence[RankStack]], silent: Sequence[int]
+) -> dict[str, Any]:
+    """What ``status --stacks`` found, as data: the grouping, suspects and each rank's capture."""
+    stacks = sorted((s for node in answers.values() for s in node), key=lambda s: s.record.rank)
+    diagnosis = diagnose({s.record.rank: s.place for s in stacks})
+    return {
+        "summary": diagnosis.summary,
+        "suspects": list(diagnosis.suspects),
+        "silent_nodes": list(silent),
+        "ranks": [
+            {
+                "rank": s.record.rank,
+                "node": node,
+                "pid": s.record.pid,
+                "place": s.record.place,
+                "method": s.record.method,
+                "stack_file": s.record.stack_file,
+                "reason": s.record.reason,
+            }
+            for node, ranks in sorted(answers.items())
+            for s in ranks
+        ],
+    }
+
+
+def format_stacks(run_id: str, data: Mapping[str, Any]) -> str:
+    """The human form of :func:`stacks_data`."""
+    lines = [f"run {run_id!r} stacks: {data['summary']}"]
+    suspects = ", ".join(map(str, data["suspects"])) or "none"
+    lines.append(f"  suspects: {suspects}")
+    if data["silent_nodes"]:
+        lines.append(f"  no answer from node(s): {', '.join(map(str, data['silent_nodes']))}")
+    lines.append(f"  {'rank':>4}  {'node':>4}  {'pid':>7}  place / stack file")
+    for rank in sorted(data["ranks"], key=lambda r: r["rank"]):
+        where = rank["place"] or f"no stack ({rank['reason']})"
+        lines.append(f"  {rank['rank']:>4}  {rank['node']:>4}  {rank['pid']:>7}  {where}")
+        if rank["stack_file"]:
+            lines.append(f"  {'':>4}  {'':>4}  {'':>7}  {rank['stack_file']}")
+    return "\n".join(lines)
+
+
+def format_learned(node: str, learned: Mapping[str, Mapping[str, float]]) -> str:
+    """The limits a node's ``expires(after="auto")`` scopes learned (as ``/learned`` lists them)."""
+    if not learned:
+        return f"node {node}: no learned timeout yet"
+    lines = [f"node {node}: learned timeouts"]
+    lines.append(f"  {'limit (s)':>9}  {'longest (s)':>11}  {'blocks':>6}  scope")
+    for scope, item in learned.items():
+        lines.append(
+            f"  {item['limit']:>9.1f}  {item['longest']:>11.1f}  "
+            f"{int(item['observations']):>6}  {scope}"
+        )
+    return "\n".join(lines)

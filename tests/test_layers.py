@@ -1,0 +1,133 @@
+"""The package's layers point one way: a part imports only itself and the layers below it.
+
+Every ``import`` of an ``aioelastic`` module counts (at module level, inside a function, or under
+``TYPE_CHECKING``); only the lazy re-exports listed below may reach up.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import aioelastic
+
+PACKAGE = Path(aioelastic.__file__).parent
+
+PARTS = {
+    "base": (
+        "aioelastic",
+        "aioelastic._clock",
+        "aioelastic._concurrency",
+        "aioelastic._entry_points",
+        "aioelastic._loops",
+        "aioelastic._run_path",
+        "aioelastic._service",
+        "aioelastic._subscribers",
+        "aioelastic.errors",
+    ),
+    "events": ("aioelastic.events",),
+    "timer": ("aioelastic.timer",),
+    "store": ("aioelastic.store",),
+    "rendezvous": ("aioelastic.rendezvous",),
+    "worker": ("aioelastic.worker",),
+    "agent": ("aioelastic.agent",),
+    "testing": ("aioelastic.testing",),
+    "progress": ("aioelastic._progress",),
+    "views": ("aioelastic.metrics", "aioelastic.events._timeline"),
+    "launcher": (
+        "aioelastic.__main__",
+        "aioelastic._cli_status",
+        "aioelastic._cli_timeline",
+        "aioelastic._observe",
+        "aioelastic.agent._cli",
+        "aioelastic.agent._launch",
+        "aioelastic.cli",
+    ),
+}
+"""Each part's modules, by prefix: a module belongs to the part of its longest matching prefix."""
+
+LAYERS = (
+    ("base",),
+    ("events",),
+    ("timer", "store"),
+    ("rendezvous", "worker"),
+    ("agent",),
+    ("testing", "progress"),
+    ("views",),
+    ("launcher",),
+)
+"""Lowest first. Parts of one layer do not import each other."""
+
+LAZY_RE_EXPORTS = {
+    ("aioelastic.events", "aioelastic._observe"),
+    ("aioelastic.events", "aioelastic._progress"),
+}
+"""(module, imported module) pairs allowed to reach up: imported on first attribute access."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def part_of(module: str) -> str:
+    matches = [
+        (len(prefix), part)
+        for part, prefixes in PARTS.items()
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} belongs to no part: add it to PARTS"
+    return max(matches)[1]
+
+
+def layer_of(part: str) -> int:
+    return next(index for index, parts in enumerate(LAYERS) if part in parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The aioelastic modules ``path`` imports, anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name in known}
+
+
+def test_every_import_points_down_or_stays_in_its_part() -> None:
+    """No module imports a part of its own layer or of a layer above it."""
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    known = set(paths)
+    upward = []
+    for module, path in sorted(paths.items()):
+        part = part_of(module)
+        for target in sorted(imported_modules(path, known)):
+            other = part_of(target)
+            if other == part or (module, target) in LAZY_RE_EXPORTS:
+                continue
+            if layer_of(other) >= layer_of(part):
+                upward.append(f"{module} ({part}) imports {target} ({other})")
+    assert upward == []
+
+
+def test_every_part_is_in_one_layer() -> None:
+    """The layer table names each part exactly once."""
+    named = [part for layer in LAYERS for part in layer]
+    assert sorted(named) == sorted(PARTS)
+
+
+def test_importing_the_event_stream_loads_no_part_it_observes() -> None:
+    """``import aioelastic.events`` loads the events package and the base modules only."""
+    code = (
+        "import sys, aioelastic.events\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('aioelastic')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert {part_of(module) for module in loaded} == {"base", "events"}
