@@ -53,7 +53,7 @@ from aioelastic.rendezvous._info import (
     RoundInvalidated,
     RoundJoining,
 )
-from aioelastic.rendezvous._lease import Lease
+from aioelastic.rendezvous._lease import Lease, RenewalFailures
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import PrefixStore, Store, StoreError, StoreTimeoutError
 
@@ -129,6 +129,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._monitor_scope: anyio.CancelScope | None = None
         self._keep_alive_scope: anyio.CancelScope | None = None
         self._lease = Lease.for_settings(settings.heartbeat_timeout, settings.keep_alive_interval)
+        self._renewal_failures = RenewalFailures()
         self._poke = anyio.Event()  # set by each renewal and each completed round
         self._contact = -math.inf  # when a store call last succeeded, on the clock
 
@@ -500,6 +501,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._fence(sent)
         self._lease.renewed(sent)
         self._poke.set()
+        if (summary := self._renewal_failures.renewed(sent, self._clock.now())) is not None:
+            logger.warning("rendezvous %r: %s", self.settings.run_id, summary)
 
     async def _keep_alive(self, scope: anyio.CancelScope) -> None:
         """Renew every ``keep_alive_interval``, each renewal on its own: one stuck on a dead
@@ -514,10 +517,15 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     renewals.start_soon(self._renew_logged)
 
     async def _renew_logged(self) -> None:
+        """Renew once; a failure is logged when a run of them starts (see
+        :class:`RenewalFailures`), the run is summarised when it ends or fences the node."""
+        sent = self._clock.now()
         try:
             await self._renew()
         except RendezvousError as error:
-            logger.warning("rendezvous %r: keep-alive failed: %s", self.settings.run_id, error)
+            line = self._renewal_failures.failed(sent, self._clock.now(), str(error))
+            if line is not None:
+                logger.warning("rendezvous %r: %s", self.settings.run_id, line)
 
     async def _watch_lease(self) -> None:
         """Fence the current round as soon as the lease lapses (see :mod:`._lease`)."""
@@ -534,7 +542,13 @@ class ElasticRendezvousHandler(RendezvousHandler):
         """Invalidate the current round as FENCED (if one is running): the lease lapsed."""
         if self._last is not None and self._invalidated is None and not self._joining:
             detail = f"round {self._last.round} fenced: {self._lease.describe(now)}"
-            logger.warning("rendezvous %r: %s", self.settings.run_id, detail)
+            failing = self._renewal_failures.summary(now)
+            logger.warning(
+                "rendezvous %r: %s%s",
+                self.settings.run_id,
+                detail,
+                f"; {failing}" if failing else "",
+            )
             self._invalidate(RoundInvalidated(InvalidationReason.FENCED, detail))
 
     def _invalidate(self, verdict: RoundInvalidated) -> None:

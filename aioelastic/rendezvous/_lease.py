@@ -49,3 +49,49 @@ class Lease:
             f"no liveness renewal acknowledged for {now - self.renewed_at:.1f} s (heartbeat "
             f"timeout {self.heartbeat_timeout:g} s): this node may already be taken for dead"
         )
+
+
+@dataclass(slots=True)
+class RenewalFailures:
+    """A run of failed keep-alives, so a partition is logged when it starts and summarised
+    once when it ends or fences the node, not at every interval (pure; times are given).
+
+    An attempt sent before the last acknowledged renewal that fails late (it hung on a dead
+    connection while a newer one got through) neither starts nor extends a run.
+    """
+
+    since: float | None = None
+    """When the run's first failure was seen (None: keep-alives are succeeding)."""
+    failures: int = 0
+    last_error: str = ""
+    renewed_sent: float = -math.inf
+    """When the last acknowledged renewal was sent."""
+
+    def failed(self, sent: float, now: float, error: str) -> str | None:
+        """Count the failure of an attempt sent at ``sent``; the line to log if it starts a run."""
+        if sent < self.renewed_sent:
+            return None
+        self.failures += 1
+        self.last_error = error
+        if self.since is not None:
+            return None
+        self.since = now
+        return f"keep-alive failed: {error}; failing again is summarised once it recovers or fences"
+
+    def renewed(self, sent: float, now: float) -> str | None:
+        """A renewal sent at ``sent`` was acknowledged: the summary of the run it ends, if any."""
+        self.renewed_sent = max(self.renewed_sent, sent)
+        if self.since is None:
+            return None
+        summary = f"keep-alive recovered after {self.summary(now)}"
+        self.since, self.failures, self.last_error = None, 0, ""
+        return summary
+
+    def summary(self, now: float) -> str | None:
+        """The run so far, in words (None if keep-alives are succeeding)."""
+        if self.since is None:
+            return None
+        return (
+            f"{self.failures} keep-alive(s) failed over {now - self.since:.1f} s "
+            f"(last: {self.last_error})"
+        )

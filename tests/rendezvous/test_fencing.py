@@ -3,13 +3,15 @@ may take its ranks, and joins again once the store answers (manual clock, in one
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.rendezvous import InvalidationReason, RendezvousConnectionError
 from aioelastic.rendezvous import _layout as layout
-from aioelastic.rendezvous._lease import Lease
+from aioelastic.rendezvous._lease import Lease, RenewalFailures
 from aioelastic.testing import RendezvousCluster
 
 pytestmark = pytest.mark.anyio
@@ -120,3 +122,52 @@ async def test_a_successor_whose_key_outlives_its_renewals_is_reported_lost() ->
         verdict = await watcher.handler.wait_round_invalidated()
         assert cluster.store.get_nowait([key]) is not None
     assert verdict.reason is InvalidationReason.PARTICIPANT_LOST
+
+
+def test_a_run_of_failed_keep_alives_is_logged_once_then_summarised() -> None:
+    """The first failure of a run gives a line with its reason, the others none; the renewal
+    that ends the run gives one summary, and the next failure starts a new run."""
+    failures = RenewalFailures()
+    assert failures.failed(10.0, 10.5, "no reply") == (
+        "keep-alive failed: no reply; failing again is summarised once it recovers or fences"
+    )
+    assert [failures.failed(t, t + 0.5, "refused") for t in (11.0, 12.0)] == [None, None]
+    assert failures.summary(13.0) == "3 keep-alive(s) failed over 2.5 s (last: refused)"
+    assert failures.renewed(13.0, 13.5) == (
+        "keep-alive recovered after 3 keep-alive(s) failed over 3.0 s (last: refused)"
+    )
+    assert (failures.summary(14.0), failures.renewed(14.0, 14.1)) == (None, None)
+    assert failures.failed(15.0, 15.2, "no reply") is not None
+
+
+def test_a_stale_attempt_failing_after_a_renewal_starts_no_run() -> None:
+    """An attempt that hung while a newer one was acknowledged is not a new failure."""
+    failures = RenewalFailures()
+    failures.renewed(12.0, 12.1)
+    assert failures.failed(11.0, 13.0, "no reply") is None
+    assert failures.summary(13.0) is None
+
+
+async def test_a_partitioned_node_logs_its_failing_keep_alives_once_then_a_summary(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Cut off for many keep-alive intervals, a node warns once when keep-alives start failing,
+    adds the run's summary to its fence line, and sums the run up once when they recover."""
+    caplog.set_level(logging.WARNING, logger="aioelastic.rendezvous")
+    async with RendezvousCluster(2) as cluster:
+        await cluster.rendezvous()
+        node = cluster.nodes[1]
+        cluster.partition(node)
+        await cluster.advance(4 * cluster.settings.heartbeat_timeout)
+        verdict = await node.handler.wait_round_invalidated()
+        cluster.heal(node)
+        await cluster.advance(2 * cluster.settings.keep_alive_interval)
+        lines = [r.getMessage() for r in caplog.records if "keep-alive" in r.getMessage()]
+    assert verdict.reason is InvalidationReason.FENCED
+    assert [line.split(": ", 1)[1].split(" ", 2)[:2] for line in lines] == [
+        ["keep-alive", "failed:"],
+        ["round", "1"],
+        ["keep-alive", "recovered"],
+    ]
+    assert "lost its store" in lines[0]
+    assert "keep-alive(s) failed over" in lines[1]
