@@ -55,7 +55,7 @@ from aioelastic.rendezvous._info import (
 )
 from aioelastic.rendezvous._lease import Lease, RenewalFailures
 from aioelastic.rendezvous._parameters import ElasticSettings
-from aioelastic.store import PrefixStore, Store, StoreError, StoreTimeoutError
+from aioelastic.store import EtcdLeaseLost, PrefixStore, Store, StoreError, StoreTimeoutError
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
             base = self._source
             if not isinstance(base, Store):
                 base = await stack.enter_async_context(base())
-            self._store = PrefixStore(f"rdzv/{self.settings.run_id}", base)
+            self._store = view = PrefixStore(f"rdzv/{self.settings.run_id}", base)
+            stack.callback(self._follow_lease_reports(base, view.prefix))
             if self._addr is None:
                 self._addr = await anyio.to_thread.run_sync(local_hostname)
             self._node = await self._guarded(self._store.add(layout.NODE_IDS_KEY, 1))
@@ -538,10 +539,28 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._fence(now)
             await poke.wait()  # a renewal or a new round
 
-    def _fence(self, now: float) -> None:
+    def _follow_lease_reports(self, store: Store, prefix: str) -> Callable[[], None]:
+        """Fence as soon as ``store`` reports this node's liveness lease lost (an etcd store
+        finds it at the next renewal: revoked, or expired before this node's clock says so),
+        as if the lease had lapsed; ``prefix`` is this handler's in ``store``. Returns the
+        unsubscribe function."""
+        subscribe = getattr(store, "subscribe", None)
+        if subscribe is None:
+            return lambda: None
+
+        def on_event(event: object) -> None:
+            alive = f"{prefix}/{m.alive_key(self._node)}"
+            if isinstance(event, EtcdLeaseLost) and event.key == alive:
+                self._fence(self._clock.now(), f"the store lost its liveness lease: {event.detail}")
+
+        unsubscribe: Callable[[], None] = subscribe(on_event)
+        return unsubscribe
+
+    def _fence(self, now: float, why: str | None = None) -> None:
         """Invalidate the current round as FENCED (if one is running): the lease lapsed."""
         if self._last is not None and self._invalidated is None and not self._joining:
-            detail = f"round {self._last.round} fenced: {self._lease.describe(now)}"
+            reason = why if why is not None else self._lease.describe(now)
+            detail = f"round {self._last.round} fenced: {reason}"
             failing = self._renewal_failures.summary(now)
             logger.warning(
                 "rendezvous %r: %s%s",

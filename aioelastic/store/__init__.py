@@ -22,6 +22,13 @@ from aioelastic.store._errors import (
     StoreTimeoutError,
     StoreValueError,
 )
+from aioelastic.store._etcd_events import (
+    EtcdFailover,
+    EtcdLeaseLost,
+    EtcdStoreEvent,
+    EtcdStoreStatistics,
+    EtcdWatchResumed,
+)
 from aioelastic.store._memory import MemoryStore, MemoryStoreStatistics
 from aioelastic.store._prefix import PrefixStore
 from aioelastic.store._tcp_client import TCPStore
@@ -30,32 +37,14 @@ from aioelastic.store._torch_listener import TorchStoreListener
 from aioelastic.store._torch_session import TorchServiceStatistics
 
 if TYPE_CHECKING:
-    from aioelastic.store._etcd import (
-        EtcdFailover,
-        EtcdLeaseLost,
-        EtcdStore,
-        EtcdStoreEvent,
-        EtcdStoreStatistics,
-        EtcdWatchResumed,
-    )
-
-_ETCD_NAMES = frozenset(
-    {
-        "EtcdFailover",
-        "EtcdLeaseLost",
-        "EtcdStore",
-        "EtcdStoreEvent",
-        "EtcdStoreStatistics",
-        "EtcdWatchResumed",
-    }
-)
+    from aioelastic.store._etcd import EtcdStore
 
 
 def __getattr__(name: str) -> object:
-    if name in _ETCD_NAMES:
-        from aioelastic.store import _etcd
+    if name == "EtcdStore":  # imported on first use: it needs the etcd extra (grpc)
+        from aioelastic.store._etcd import EtcdStore
 
-        return getattr(_etcd, name)
+        return EtcdStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

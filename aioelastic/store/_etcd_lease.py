@@ -196,6 +196,7 @@ class TTLLeases:
     def __init__(self, conn: EtcdConnection) -> None:
         self._conn = conn
         self._leases: dict[bytes, tuple[int, int]] = {}
+        self._replacing: dict[bytes, anyio.Lock] = {}  # per key, while a lost lease is replaced
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -203,17 +204,24 @@ class TTLLeases:
     def forget(self, key: bytes) -> None:
         """``key`` was written without a TTL (or deleted): it has no lease of ours any more."""
         self._leases.pop(key, None)
+        self._replacing.pop(key, None)
 
     async def lease_for(self, key: bytes, seconds: int, on_lost: Callable[[int], None]) -> int:
         """The lease to write ``key`` with: its own renewed, or a new one.
 
-        ``on_lost(lease_id)`` is called when the key's lease had expired before this write.
+        ``on_lost(lease_id)`` is called once when the key's lease had expired before this
+        write: concurrent writes that find the same lease gone share one new lease.
         """
         lease = self._leases.get(key)
         if lease is not None and lease[1] == seconds:
             if await keepalive(self._conn, lease[0]) > 0:
                 return lease[0]
-            on_lost(lease[0])
+            async with self._replacing.setdefault(key, anyio.Lock()):
+                now = self._leases.get(key)
+                if now is not lease and now is not None and now[1] == seconds:
+                    return now[0]  # another write replaced it meanwhile
+                on_lost(lease[0])
+                return await self.replace(key, seconds)
         return await self.replace(key, seconds)
 
     async def replace(self, key: bytes, seconds: int) -> int:

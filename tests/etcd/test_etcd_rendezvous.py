@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import textwrap
 from typing import Any
 
 import anyio
+import grpc
 import pytest
+from aetcd import rpc
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from aioelastic.rendezvous import (
     InvalidationReason,
@@ -234,6 +238,84 @@ def test_store_attempts_give_up_before_a_keep_alive_would_lapse(
 
 
 _WORKER = "import os; print('worker', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"
+
+
+def revoke_liveness_leases(endpoints: str, prefix: str) -> int:
+    """Revoke the lease of every liveness key under ``prefix`` (as etcd does to an expired
+    one); return how many there were."""
+    with grpc.insecure_channel(endpoints.split(",")[0]) as channel:
+        start = prefix.encode()
+        kvs = rpc.KVStub(channel).Range(rpc.RangeRequest(key=start, range_end=start + b"\xff")).kvs
+        leases = {kv.lease for kv in kvs if kv.key.endswith(b"/alive")}
+        for lease in leases:
+            rpc.LeaseStub(channel).LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease), timeout=10)
+    return len(leases)
+
+
+@one_loop
+async def test_a_node_whose_liveness_lease_is_gone_fences_its_round(
+    etcd_server: EtcdCluster,
+) -> None:
+    """A lease the store finds gone at its next renewal (revoked here; expired while this
+    node's clock still held it) fences the round at once, as a lapsed lease would."""
+    prefix = "/aioelastic-test/lease-fence"
+    config = {**FAST_LIVENESS, "etcd_prefix": prefix}
+    handler = get_rendezvous_handler(params(etcd_server.endpoints, "fence", 1, **config))
+    async with handler:
+        with anyio.fail_after(60):
+            assert await form([handler]) == [(0, 1)]
+            assert (
+                await anyio.to_thread.run_sync(
+                    revoke_liveness_leases, etcd_server.endpoints, prefix
+                )
+                == 1
+            )
+            verdict = await handler.wait_round_invalidated()
+    assert verdict.reason is InvalidationReason.FENCED
+    assert "the store lost its liveness lease" in verdict.detail
+
+
+_SLEEPER = (
+    "import os, time; print('worker of round', os.environ['AIOELASTIC_ROUND'], flush=True); "
+    "time.sleep(600)"
+)
+
+
+@one_loop
+async def test_an_agent_whose_etcd_lease_is_gone_kills_its_workers_and_joins_again(
+    etcd_server: EtcdCluster,
+) -> None:
+    """`aioelastic run` over etcd: once its liveness lease is gone, the agent says it is
+    fenced, kills its worker and starts one in a new round."""
+    prefix = "/aioelastic-test/agent-lease-fence"
+    command = [
+        sys.executable, "-m", "aioelastic", "run", "--nnodes", "1", "--nproc-per-node", "1",
+        "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd_server.endpoints, "--rdzv-id", "fence",
+        "--rdzv-conf", f"keep_alive_interval=1,heartbeat_timeout=3,etcd_prefix={prefix}",
+        "--no-python", "--", sys.executable, "-c", _SLEEPER,
+    ]  # fmt: skip
+    lines: list[str] = []
+    async with await anyio.open_process(command, stderr=subprocess.STDOUT) as agent:
+        assert agent.stdout is not None
+        output = BufferedByteReceiveStream(agent.stdout)
+
+        async def line_with(text: str) -> str:
+            while True:
+                lines.append((await output.receive_until(b"\n", 1 << 16)).decode())
+                if text in lines[-1]:
+                    return lines[-1]
+
+        try:
+            with anyio.fail_after(60):  # generous: two rounds of a real agent and worker
+                await line_with("worker of round 1")
+                await anyio.to_thread.run_sync(
+                    revoke_liveness_leases, etcd_server.endpoints, prefix
+                )
+                fenced = await line_with("killing the workers (SIGKILL) and joining again")
+                await line_with("worker of round 2")
+        finally:
+            agent.terminate()
+    assert "fenced: round 1 fenced: the store lost its liveness lease" in fenced, "\n".join(lines)
 
 
 @one_loop

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import anyio
 import grpc
 import pytest
@@ -84,6 +86,29 @@ async def test_rewriting_an_expired_ttl_key_reports_the_lost_lease(
     lost = [event for event in events if isinstance(event, EtcdLeaseLost)]
     assert [event.key for event in lost] == ["hb"]
     assert store.statistics().leases_lost == 1
+
+
+@one_loop
+async def test_concurrent_rewrites_of_an_expired_ttl_key_report_one_lost_lease(
+    etcd_server: EtcdCluster, etcd_prefix: str
+) -> None:
+    """Keep-alives racing on a key whose lease expired report it once and share one new lease
+    (each does not grant its own)."""
+    events: list[EtcdStoreEvent] = []
+    endpoints = etcd_server.endpoints
+    async with EtcdStore(endpoints, prefix=etcd_prefix, on_event=events.append) as store:
+        await store.set("hb", b"0", ttl=1)
+        snapshot = await store.get_prefix("hb")
+        with anyio.fail_after(20):
+            await store.wait_for_change("hb", after=snapshot.revision)
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(functools.partial(store.set, "hb", str(i), ttl=1))
+        lease = await store.ttl_remaining("hb")
+        assert lease is not None
+    lost = [event for event in events if isinstance(event, EtcdLeaseLost)]
+    assert [event.key for event in lost] == ["hb"]
+    assert store.statistics().ttl_leases == 1
 
 
 async def test_rewriting_a_live_ttl_key_renews_its_lease(etcd_store: EtcdStore) -> None:
