@@ -549,7 +549,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             return lambda: None
 
         def on_event(event: object) -> None:
-            alive = f"{prefix}/{m.alive_key(self._node)}"
+            alive = f"{prefix}/{layout.alive_key(self._node)}"
             if isinstance(event, EtcdLeaseLost) and event.key == alive:
                 self._fence(self._clock.now(), f"the store lost its liveness lease: {event.detail}")
 
