@@ -2,10 +2,10 @@
 
 Each call encodes a frame with a fresh request id, sends it and waits for the reply with that
 id; replies are routed to their calls as they are read, so any number of calls share the
-connection. On asyncio (and uvloop) the connection is a protocol: a call writes its frame
-straight into the transport and sleeps on a bare future that the read callback resolves (no
-task switch through a reader, no cancel scope per call). On other backends (trio) the same
-bookkeeping runs over an anyio stream, a reader task and an Event per call.
+connection. The connection and the per-call wake-up come from :mod:`._tcp_transport`, which
+picks them for the running loop (on asyncio and uvloop a protocol whose read callback resolves
+a bare future per call, with one timer for all deadlines; on trio an anyio stream, a reader
+task and an Event per call), so this module is the protocol only, written once.
 Waits are held by the server: a call's timeout travels with the request and the server answers
 ``TIMEOUT`` on its own clock (the client keeps a looser bound of its own in case the server
 stalls). A reply too large to read fails its call with :class:`StoreValueError`.
@@ -27,22 +27,17 @@ re-sends what is safe, so the waits held on the dead connection move to the new 
 
 from __future__ import annotations
 
-import abc
-import asyncio
 import contextlib
 import logging
-import math
 import random
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import Self, cast
+from typing import Self
 
 import anyio
 import anyio.abc
 
-from aioelastic._loops import on_asyncio
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._auth import check_proof, new_nonce, proof
 from aioelastic.store._errors import (
@@ -59,7 +54,6 @@ from aioelastic.store._memory import check_key, check_ttl
 from aioelastic.store._tcp_codec import (
     DEFAULT_MAX_FRAME_SIZE,
     Field,
-    FrameReader,
     FrameTooLargeError,
     Op,
     Reply,
@@ -68,235 +62,24 @@ from aioelastic.store._tcp_codec import (
     encode_preamble,
     encode_request,
 )
+from aioelastic.store._tcp_transport import (
+    ClientConnection,
+    EventSignal,
+    Signal,
+    call_timing,
+    connect,
+)
 from aioelastic.store._tls import tls_failure
 
 log = logging.getLogger("aioelastic.store.tcp")
 
-_RECEIVE_SIZE = 65536
+RECEIVE_SIZE = 65536
 _REPLY_GRACE = 10.0
 """How long after a wait's timeout the client gives up on the server's own timeout reply."""
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 2.0
 
 _UNSAFE_TO_RESEND = frozenset({Op.ADD, Op.COMPARE_SET, Op.APPEND, Op.DELETE_KEY})
 """Operations that could be applied twice if re-sent after a lost reply."""
-
-
-Dispatch = Callable[["_Connection", list[bytes]], None]
-BadFrame = Callable[["_Connection", StoreProtocolError], None]
-
-
-class _Connection(abc.ABC):
-    """A connection to the server: sends whole frames, hands received frames to ``dispatch``."""
-
-    epoch = 0
-    alive = True
-    dispatch: Dispatch | None = None
-    bad_frame: BadFrame | None = None
-
-    @abc.abstractmethod
-    async def send(self, data: bytes) -> None:
-        """Send whole frames (a cancelled caller never leaves half a frame behind)."""
-
-    @abc.abstractmethod
-    async def handshake_frame(self) -> bytes:
-        """Wait for the next frame of the handshake (before ``dispatch`` is set)."""
-
-    @abc.abstractmethod
-    async def run(self) -> None:
-        """Deliver frames to ``dispatch`` until the connection ends."""
-
-    @abc.abstractmethod
-    async def aclose(self) -> None:
-        """Close the connection at once."""
-
-
-class _ProtocolConnection(_Connection, asyncio.Protocol):
-    """On asyncio: frames are routed from the read callback, writes never block the caller."""
-
-    transport: asyncio.Transport
-
-    def __init__(self, max_frame_size: int) -> None:
-        self.reader = FrameReader(max_frame_size)
-        self.early: list[bytes] = []
-        self.error: Exception | None = None
-        self.arrived = anyio.Event()
-        self.lost = anyio.Event()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            bodies = self.reader.feed(data)
-            if self.dispatch is not None:
-                self.dispatch(self, bodies)
-            elif bodies:
-                self.early += bodies
-                self.arrived.set()
-        except StoreProtocolError as error:
-            self.alive = False
-            self.transport.abort()
-            if self.bad_frame is not None:
-                self.bad_frame(self, error)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.alive = False
-        self.error = exc
-        self.arrived.set()
-        self.lost.set()
-
-    async def send(self, data: bytes) -> None:
-        if self.transport.is_closing():
-            raise anyio.BrokenResourceError
-        self.transport.write(data)
-
-    async def handshake_frame(self) -> bytes:
-        while not self.early:
-            if self.lost.is_set():
-                if isinstance(self.error, ssl.SSLError):
-                    raise self.error
-                raise anyio.EndOfStream
-            self.arrived = anyio.Event()
-            await self.arrived.wait()
-        return self.early.pop(0)
-
-    async def run(self) -> None:
-        await self.lost.wait()
-
-    async def aclose(self) -> None:
-        self.alive = False
-        self.transport.abort()
-
-
-class _StreamConnection(_Connection):
-    """On other backends (trio): an anyio stream and a reading loop."""
-
-    def __init__(self, stream: anyio.abc.ByteStream, max_frame_size: int) -> None:
-        self.stream = stream
-        self.reader = FrameReader(max_frame_size)
-        self.lock = anyio.Lock()
-        self.early: list[bytes] = []
-
-    async def send(self, data: bytes) -> None:
-        with anyio.CancelScope(shield=True):
-            async with self.lock:
-                await self.stream.send(data)
-
-    async def handshake_frame(self) -> bytes:
-        while not self.early:
-            self.early = self.reader.feed(await self.stream.receive(_RECEIVE_SIZE))
-        return self.early.pop(0)
-
-    async def run(self) -> None:
-        receive, feed = self.stream.receive, self.reader.feed
-        try:
-            while True:
-                bodies = feed(await receive(_RECEIVE_SIZE))
-                assert self.dispatch is not None
-                self.dispatch(self, bodies)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
-        except StoreProtocolError as error:
-            if self.bad_frame is not None:
-                self.bad_frame(self, error)
-        finally:
-            self.alive = False
-
-    async def aclose(self) -> None:
-        self.alive = False
-        await anyio.aclose_forcefully(self.stream)
-
-
-class _Signal(abc.ABC):
-    """Wakes the caller of one call once its outcome is known (or its deadline passes)."""
-
-    __slots__ = ()
-
-    @abc.abstractmethod
-    def set(self) -> None:
-        """Wake the caller (idempotent)."""
-
-    @abc.abstractmethod
-    async def wait(self, deadline: float) -> None:
-        """Return once set, or at ``deadline`` on the event loop's clock."""
-
-
-class _Alarm:
-    """One timer for all the waiting calls of a client on asyncio, armed at the earliest
-    deadline among them (a timer per call costs about 5 us on uvloop, a quarter of a call)."""
-
-    _EARLY = 0.001
-    """A deadline this close is due: loops round timers to the millisecond."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.waiting: dict[_FutureSignal, float] = {}
-        self.at = math.inf
-        self.timer: asyncio.TimerHandle | None = None
-
-    def add(self, signal: _FutureSignal, deadline: float) -> None:
-        self.waiting[signal] = deadline
-        if deadline < self.at:
-            self._arm(deadline)
-
-    def _arm(self, at: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.at = at
-        self.timer = self.loop.call_at(at, self._ring)
-
-    def _ring(self) -> None:
-        """Wake the calls whose deadline passed; re-arm for the earliest of the others."""
-        self.timer, self.at = None, math.inf
-        due = self.loop.time() + self._EARLY
-        later = math.inf
-        for signal, deadline in list(self.waiting.items()):
-            if deadline <= due:
-                del self.waiting[signal]
-                signal.set()
-            elif deadline < later:
-                later = deadline
-        if later < math.inf:
-            self._arm(later)
-
-
-class _FutureSignal(_Signal):
-    """On asyncio: a bare future, its deadline kept by the client's :class:`_Alarm` (no timer
-    handle, cancel scope or Event per call)."""
-
-    __slots__ = ("alarm", "future")
-
-    def __init__(self, alarm: _Alarm) -> None:
-        self.alarm = alarm
-        self.future: asyncio.Future[None] = alarm.loop.create_future()
-
-    def set(self) -> None:
-        if not self.future.done():
-            self.future.set_result(None)
-
-    async def wait(self, deadline: float) -> None:
-        waiting = self.alarm.waiting
-        self.alarm.add(self, deadline)
-        try:
-            await self.future
-        finally:
-            waiting.pop(self, None)
-
-
-class _EventSignal(_Signal):
-    """On other backends (trio): an anyio Event under a deadline."""
-
-    __slots__ = ("event",)
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-
-    def set(self) -> None:
-        self.event.set()
-
-    async def wait(self, deadline: float) -> None:
-        with anyio.CancelScope(deadline=deadline):
-            await self.event.wait()
 
 
 @dataclass(slots=True, eq=False)
@@ -306,8 +89,8 @@ class _Call:
     op: Op
     frame: bytes
     subject: str
-    signal: _Signal
-    sent_on: _Connection | None = None
+    signal: Signal
+    sent_on: ClientConnection | None = None
     reply: Reply | None = None
     error: StoreError | None = None
     done: bool = False
@@ -354,13 +137,13 @@ class TCPStore(Store):
         self._token = token.encode() if isinstance(token, str) else (token or b"")
         self._calls: dict[int, _Call] = {}
         self._next_id = 0
-        self._connection: _Connection | None = None
+        self._connection: ClientConnection | None = None
         self._fatal: StoreError | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._frame_limit = max_frame_size  # lowered to the server's at the handshake
         self._unreachable: str | None = None  # why reconnecting last gave up, until it succeeds
-        self._new_signal: Callable[[], _Signal] = _EventSignal  # on asyncio: _FutureSignal
+        self._new_signal: Callable[[], Signal] = EventSignal  # set for the loop on entry
         self._now: Callable[[], float] = anyio.current_time
 
     @property
@@ -372,9 +155,7 @@ class TCPStore(Store):
     async def __aenter__(self) -> Self:
         if self._task_group is not None or self._closed:
             raise RuntimeError("a TCPStore can be entered only once")
-        if on_asyncio():
-            loop = asyncio.get_running_loop()
-            self._new_signal, self._now = partial(_FutureSignal, _Alarm(loop)), loop.time
+        self._new_signal, self._now = call_timing()
         connection = await self._connect(self.connect_timeout)
         self._connection = connection
         task_group = anyio.create_task_group()
@@ -395,32 +176,17 @@ class TCPStore(Store):
             await self._connection.aclose()
             self._connection = None
 
-    async def _open(self) -> _Connection:
-        context, hostname = self.ssl, self.server_hostname
+    async def _open(self) -> ClientConnection:
         try:
-            if on_asyncio():
-                loop = asyncio.get_running_loop()
-                _, protocol = await loop.create_connection(
-                    lambda: _ProtocolConnection(self.max_frame_size),
-                    self.host,
-                    self.port,
-                    ssl=context,
-                    server_hostname=hostname if context else None,
-                )
-                return protocol
-            if context is None:
-                stream: anyio.abc.ByteStream = await anyio.connect_tcp(self.host, self.port)
-            else:
-                stream = await anyio.connect_tcp(
-                    self.host,
-                    self.port,
-                    ssl_context=context,
-                    tls_hostname=hostname,
-                    tls_standard_compatible=False,
-                )
+            return await connect(
+                self.host,
+                self.port,
+                max_frame_size=self.max_frame_size,
+                tls=self.ssl,
+                server_hostname=self.server_hostname,
+            )
         except ssl.SSLError as error:
             raise self._tls_refused(error) from None
-        return _StreamConnection(stream, self.max_frame_size)
 
     def _tls_refused(self, error: BaseException) -> StoreRefusedError:
         return StoreRefusedError(
@@ -429,7 +195,7 @@ class TCPStore(Store):
             "from the job's CA (cacert, cert, key), valid for the name it is reached by",
         )
 
-    async def _connect_once(self) -> _Connection:
+    async def _connect_once(self) -> ClientConnection:
         connection = await self._open()
         try:
             try:
@@ -448,7 +214,7 @@ class TCPStore(Store):
             await connection.aclose()
             raise
 
-    async def _handshake(self, connection: _Connection) -> tuple[int, int]:
+    async def _handshake(self, connection: ClientConnection) -> tuple[int, int]:
         """Say HELLO (and prove the token when asked); return the server's epoch and limit."""
         token = self._token
         client_nonce = new_nonce() if token else b""
@@ -484,13 +250,13 @@ class TCPStore(Store):
             )
         return epoch, limit
 
-    async def _handshake_reply(self, connection: _Connection) -> Reply:
+    async def _handshake_reply(self, connection: ClientConnection) -> Reply:
         reply = decode_reply(await connection.handshake_frame())
         if reply.status is Status.REFUSED:
             raise StoreRefusedError(self.endpoint, f"refused the connection: {reply.fields[0]!s}")
         return reply
 
-    async def _connect(self, within: float) -> _Connection:
+    async def _connect(self, within: float) -> ClientConnection:
         """Connect, retrying with exponential backoff for up to ``within`` seconds."""
         deadline = anyio.current_time() + within
         delay = _BACKOFF_FIRST
@@ -528,7 +294,7 @@ class TCPStore(Store):
             await anyio.sleep(pause)
             delay = min(delay * 2, _BACKOFF_MAX)
 
-    async def _supervise(self, connection: _Connection) -> None:
+    async def _supervise(self, connection: ClientConnection) -> None:
         """Read replies; when the connection drops, reconnect and re-send what is safe."""
         while True:
             await connection.run()
@@ -550,7 +316,7 @@ class TCPStore(Store):
                     call.sent_on = connection
                     await connection.send(call.frame)
 
-    async def _reconnect(self, epoch: int) -> _Connection:
+    async def _reconnect(self, epoch: int) -> ClientConnection:
         """Connect again (forever, backing off); fail pending calls if that takes too long."""
         while True:
             try:
@@ -582,7 +348,7 @@ class TCPStore(Store):
             if not call.done:
                 call.finish(error=error)
 
-    def _dispatch(self, connection: _Connection, bodies: list[bytes]) -> None:
+    def _dispatch(self, connection: ClientConnection, bodies: list[bytes]) -> None:
         """Route replies to their calls."""
         calls = self._calls
         for body in bodies:
@@ -591,7 +357,7 @@ class TCPStore(Store):
             if call is not None and call.sent_on is connection:
                 call.finish(reply)
 
-    def _bad_frame(self, connection: _Connection, error: StoreProtocolError) -> None:
+    def _bad_frame(self, connection: ClientConnection, error: StoreProtocolError) -> None:
         """A reply could not be read: fail its call (a re-send would fail again), reconnect."""
         log.warning("store server sent a bad frame (%s); reconnecting", error.reason)
         call = self._calls.get(error.request_id) if error.request_id is not None else None
@@ -666,7 +432,7 @@ class TCPStore(Store):
             )
         return self._check_reply(call.reply)
 
-    async def _replace(self, connection: _Connection) -> None:
+    async def _replace(self, connection: ClientConnection) -> None:
         """Abort a connection that stopped answering; the supervisor makes a new one."""
         if connection.alive and connection is self._connection:
             log.warning(

@@ -1,6 +1,6 @@
-"""The server's transport seam: one :class:`Link` per connection, over either kind of connection.
+"""The transport seam of the TCP store: how bytes move, apart from what they say.
 
-Theory of operation. A :class:`Link` is everything a connection does that does not depend on
+Server side. A :class:`Link` is everything a connection does that does not depend on
 how bytes move: it feeds received bytes to the connection's session (ours,
 :class:`~._tcp_session.Session`, or torch's, :class:`~._torch_session.TorchSession`), returns
 the replies to send at once, holds the waits the session parks (each a task in the server's
@@ -11,6 +11,12 @@ and implement :class:`Sender` for it: :class:`ProtocolConnection` from asyncio's
 :func:`serve_stream` over an anyio stream (trio, TLS, and the torch-only listener). A
 :class:`LinkHost` (the server, or the torch listener) supplies sessions, the task group and the
 bookkeeping of open links.
+
+Client side. :func:`connect` opens a :class:`ClientConnection` of the kind the running loop
+does best (:class:`ClientProtocol` on asyncio, :class:`ClientStream` elsewhere), and
+:func:`call_timing` gives the matching way to wake one call (a :class:`Signal`) and the clock of
+its deadline; :class:`~._tcp_client.TCPStore` speaks the protocol over either without knowing
+which.
 """
 
 from __future__ import annotations
@@ -19,15 +25,19 @@ import abc
 import asyncio
 import contextlib
 import logging
+import math
 import ssl
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any, Protocol, cast
 
 import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
-from aioelastic.store._tcp_codec import PREAMBLE
+from aioelastic._loops import on_asyncio
+from aioelastic.store._errors import StoreProtocolError
+from aioelastic.store._tcp_codec import PREAMBLE, FrameReader
 from aioelastic.store._tcp_requests import WaitRequest
 from aioelastic.store._tcp_session import Session, hold
 from aioelastic.store._tls import TLS_FAILURES, NotTLSError, wrap_server_stream
@@ -297,3 +307,261 @@ async def serve_stream(
         log.debug("store client %s: connection error: %s", link.peer, error)
     finally:
         link.close()
+
+
+# -- the client's side ----------------------------------------------------------------------
+
+
+Dispatch = Callable[["ClientConnection", list[bytes]], None]
+BadFrame = Callable[["ClientConnection", StoreProtocolError], None]
+
+
+class ClientConnection(abc.ABC):
+    """A connection to the server: sends whole frames, hands received frames to ``dispatch``."""
+
+    epoch = 0
+    alive = True
+    dispatch: Dispatch | None = None
+    bad_frame: BadFrame | None = None
+
+    @abc.abstractmethod
+    async def send(self, data: bytes) -> None:
+        """Send whole frames (a cancelled caller never leaves half a frame behind)."""
+
+    @abc.abstractmethod
+    async def handshake_frame(self) -> bytes:
+        """Wait for the next frame of the handshake (before ``dispatch`` is set)."""
+
+    @abc.abstractmethod
+    async def run(self) -> None:
+        """Deliver frames to ``dispatch`` until the connection ends."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close the connection at once."""
+
+
+class ClientProtocol(ClientConnection, asyncio.Protocol):
+    """On asyncio: frames are routed from the read callback, writes never block the caller."""
+
+    transport: asyncio.Transport
+
+    def __init__(self, max_frame_size: int) -> None:
+        self.reader = FrameReader(max_frame_size)
+        self.early: list[bytes] = []
+        self.error: Exception | None = None
+        self.arrived = anyio.Event()
+        self.lost = anyio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            bodies = self.reader.feed(data)
+            if self.dispatch is not None:
+                self.dispatch(self, bodies)
+            elif bodies:
+                self.early += bodies
+                self.arrived.set()
+        except StoreProtocolError as error:
+            self.alive = False
+            self.transport.abort()
+            if self.bad_frame is not None:
+                self.bad_frame(self, error)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.alive = False
+        self.error = exc
+        self.arrived.set()
+        self.lost.set()
+
+    async def send(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            raise anyio.BrokenResourceError
+        self.transport.write(data)
+
+    async def handshake_frame(self) -> bytes:
+        while not self.early:
+            if self.lost.is_set():
+                if isinstance(self.error, ssl.SSLError):
+                    raise self.error
+                raise anyio.EndOfStream
+            self.arrived = anyio.Event()
+            await self.arrived.wait()
+        return self.early.pop(0)
+
+    async def run(self) -> None:
+        await self.lost.wait()
+
+    async def aclose(self) -> None:
+        self.alive = False
+        self.transport.abort()
+
+
+class ClientStream(ClientConnection):
+    """On other backends (trio): an anyio stream and a reading loop."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, max_frame_size: int) -> None:
+        self.stream = stream
+        self.reader = FrameReader(max_frame_size)
+        self.lock = anyio.Lock()
+        self.early: list[bytes] = []
+
+    async def send(self, data: bytes) -> None:
+        with anyio.CancelScope(shield=True):
+            async with self.lock:
+                await self.stream.send(data)
+
+    async def handshake_frame(self) -> bytes:
+        while not self.early:
+            self.early = self.reader.feed(await self.stream.receive(RECEIVE_SIZE))
+        return self.early.pop(0)
+
+    async def run(self) -> None:
+        receive, feed = self.stream.receive, self.reader.feed
+        try:
+            while True:
+                bodies = feed(await receive(RECEIVE_SIZE))
+                assert self.dispatch is not None
+                self.dispatch(self, bodies)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        except StoreProtocolError as error:
+            if self.bad_frame is not None:
+                self.bad_frame(self, error)
+        finally:
+            self.alive = False
+
+    async def aclose(self) -> None:
+        self.alive = False
+        await anyio.aclose_forcefully(self.stream)
+
+
+class Signal(abc.ABC):
+    """Wakes the caller of one call once its outcome is known (or its deadline passes)."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def set(self) -> None:
+        """Wake the caller (idempotent)."""
+
+    @abc.abstractmethod
+    async def wait(self, deadline: float) -> None:
+        """Return once set, or at ``deadline`` on the event loop's clock."""
+
+
+class Alarm:
+    """One timer for all the waiting calls of a client on asyncio, armed at the earliest
+    deadline among them (a timer per call costs about 5 us on uvloop, a quarter of a call)."""
+
+    _EARLY = 0.001
+    """A deadline this close is due: loops round timers to the millisecond."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiting: dict[FutureSignal, float] = {}
+        self.at = math.inf
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, signal: FutureSignal, deadline: float) -> None:
+        self.waiting[signal] = deadline
+        if deadline < self.at:
+            self._arm(deadline)
+
+    def _arm(self, at: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.at = at
+        self.timer = self.loop.call_at(at, self._ring)
+
+    def _ring(self) -> None:
+        """Wake the calls whose deadline passed; re-arm for the earliest of the others."""
+        self.timer, self.at = None, math.inf
+        due = self.loop.time() + self._EARLY
+        later = math.inf
+        for signal, deadline in list(self.waiting.items()):
+            if deadline <= due:
+                del self.waiting[signal]
+                signal.set()
+            elif deadline < later:
+                later = deadline
+        if later < math.inf:
+            self._arm(later)
+
+
+class FutureSignal(Signal):
+    """On asyncio: a bare future, its deadline kept by the client's :class:`Alarm` (no timer
+    handle, cancel scope or Event per call)."""
+
+    __slots__ = ("alarm", "future")
+
+    def __init__(self, alarm: Alarm) -> None:
+        self.alarm = alarm
+        self.future: asyncio.Future[None] = alarm.loop.create_future()
+
+    def set(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
+
+    async def wait(self, deadline: float) -> None:
+        waiting = self.alarm.waiting
+        self.alarm.add(self, deadline)
+        try:
+            await self.future
+        finally:
+            waiting.pop(self, None)
+
+
+class EventSignal(Signal):
+    """On other backends (trio): an anyio Event under a deadline."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+    def set(self) -> None:
+        self.event.set()
+
+    async def wait(self, deadline: float) -> None:
+        with anyio.CancelScope(deadline=deadline):
+            await self.event.wait()
+
+
+async def connect(
+    host: str,
+    port: int,
+    *,
+    max_frame_size: int,
+    tls: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+) -> ClientConnection:
+    """Open a client connection of the kind the running loop does best (raises
+    ``ssl.SSLError`` when TLS fails at once)."""
+    if on_asyncio():
+        loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_connection(
+            lambda: ClientProtocol(max_frame_size),
+            host,
+            port,
+            ssl=tls,
+            server_hostname=server_hostname if tls else None,
+        )
+        return protocol
+    if tls is None:
+        stream: anyio.abc.ByteStream = await anyio.connect_tcp(host, port)
+    else:
+        stream = await anyio.connect_tcp(
+            host, port, ssl_context=tls, tls_hostname=server_hostname, tls_standard_compatible=False
+        )
+    return ClientStream(stream, max_frame_size)
+
+
+def call_timing() -> tuple[Callable[[], Signal], Callable[[], float]]:
+    """For the running loop: a factory of per-call signals, and the clock their deadlines use."""
+    if on_asyncio():
+        loop = asyncio.get_running_loop()
+        return partial(FutureSignal, Alarm(loop)), loop.time
+    return EventSignal, anyio.current_time
