@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main"]
+
 SUBCOMMAND_MODULES = (
     "aioelastic.store._cli",
     "aioelastic.agent._cli",

@@ -165,18 +165,6 @@ def test_a_gone_agent_is_an_agent_link_error(agent: Agent) -> None:
         next(worker.worlds())
 
 
-def test_public_names() -> None:
-    """The worker module publishes exactly the API."""
-    assert worker.__all__ == [
-        "AgentLinkError",
-        "LinkProtocolError",
-        "World",
-        "WorldChanged",
-        "async_worlds",
-        "worlds",
-    ]
-
-
 @pytest.mark.anyio
 async def test_the_async_twin_waits_on_the_loop(agent: Agent) -> None:
     """async_worlds() and async with world behave as the sync ones; wait_changed() wakes."""
