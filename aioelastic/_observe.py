@@ -19,10 +19,11 @@ from aioelastic._concurrency import unwrap_single_error
 from aioelastic.events._jsonl import JsonLinesWriter
 from aioelastic.events._logging import WARNING_KINDS, LoggingSubscriber
 from aioelastic.events._stream import Emitter, EventStream
+from aioelastic.timer._events import TimerAcquired, TimerReleased
 
 logger = logging.getLogger(__name__)
 
-PER_STEP_KINDS = frozenset({"TimerAcquired", "TimerReleased"})
+PER_STEP_KINDS = (TimerAcquired, TimerReleased)
 """Events a training loop emits at every step: counted by the metrics, kept out of the file."""
 
 
@@ -46,7 +47,7 @@ async def observe(
     (0 picks a free one; see the log for which).
     """
     stream = EventStream(node=node)
-    warning_kinds = WARNING_KINDS if log_warnings else frozenset()
+    warning_kinds = WARNING_KINDS if log_warnings else ()
     stream.subscribe(LoggingSubscriber(level=logging.DEBUG, warning_kinds=warning_kinds))
     with unwrap_single_error():  # the block's own error leaves as itself, not as a group
         async with AsyncExitStack() as stack:

@@ -3,7 +3,8 @@
 Every component that emits events (timer server, rendezvous handler, agent, etcd store, event
 stream) keeps its subscribers here, so they all behave alike: a callback can unsubscribe (even
 from inside a callback), and a callback that raises is logged and counted, never fatal to the
-component that emitted the event.
+component that emitted the event. An event class that reports trouble derives from
+:class:`WarningEvent`, so sinks single it out by type, not by name.
 """
 
 from __future__ import annotations
@@ -13,6 +14,13 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 E = TypeVar("E")
+
+
+class WarningEvent:
+    """Base of the event classes saying that something went wrong or changed (a worker failed, a
+    watchdog fired, a node was fenced): the logging subscriber logs them at WARNING."""
+
+    __slots__ = ()
 
 
 class Subscribers(Generic[E]):

@@ -6,6 +6,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from aioelastic._subscribers import WarningEvent
 from aioelastic.agent._report import HangReport, WorkerFailure
 
 
@@ -65,14 +66,14 @@ class WorkerSucceeded:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerFailed:
+class WorkerFailed(WarningEvent):
     """A worker failed (non-zero exit, a signal, or a watchdog reap)."""
 
     failure: WorkerFailure
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerReaped:
+class WorkerReaped(WarningEvent):
     """The watchdog signalled a worker whose timer ``scope_id`` expired."""
 
     local_rank: int
@@ -83,7 +84,7 @@ class WorkerReaped:
 
 
 @dataclass(frozen=True, slots=True)
-class StacksCaptured:
+class StacksCaptured(WarningEvent):
     """Before reaping, the agent captured its workers' stacks (``report.stacks`` says how, or
     why not, for each rank) and grouped them with other nodes' (``report.summary``)."""
 
@@ -99,7 +100,7 @@ class TimeoutsLearnedIn:
 
 
 @dataclass(frozen=True, slots=True)
-class MembershipChanged:
+class MembershipChanged(WarningEvent):
     """The rendezvous round became invalid; the group stops and re-rendezvouses for free."""
 
     reason: str
@@ -107,7 +108,7 @@ class MembershipChanged:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeFenced:
+class NodeFenced(WarningEvent):
     """This node could not renew its liveness in time, so others may already hold its ranks:
     its workers are killed at once (SIGKILL) and it joins again."""
 
@@ -132,7 +133,7 @@ class GroupRestarting:
 
 
 @dataclass(frozen=True, slots=True)
-class ShutdownRequested:
+class ShutdownRequested(WarningEvent):
     """The agent received a shutdown signal."""
 
     signal: int

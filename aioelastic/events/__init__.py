@@ -11,8 +11,9 @@ This package sits below the parts it observes: importing it loads none of them. 
 rendezvous handler) live in the launcher layer above; they are re-exported here lazily.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from aioelastic._subscribers import WarningEvent
 from aioelastic.events._jsonl import (
     EventLogError,
     JsonLinesWriter,
@@ -43,6 +44,7 @@ __all__ = [
     "LoggingSubscriber",
     "RendezvousWaiting",
     "Subscriber",
+    "WarningEvent",
     "decode_line",
     "encode_record",
     "observe",
@@ -63,7 +65,7 @@ _LAZY = {
 """Names re-exported from the launcher layer, imported on first use (not by ``import``)."""
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib

@@ -114,13 +114,11 @@ class JsonLinesWriter:
     """A subscriber appending each record as one JSON line to ``path`` (flushed per line).
 
     Several agents may append to one file: each line is written with a single ``write`` to a
-    file opened in append mode. Records of ``skip_kinds`` are not written. Use as
+    file opened in append mode. Events of the ``skip_kinds`` types are not written. Use as
     ``with JsonLinesWriter(path) as writer:`` or call :meth:`close`.
     """
 
-    def __init__(
-        self, path: str | os.PathLike[str], *, skip_kinds: frozenset[str] = frozenset()
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, skip_kinds: tuple[type, ...] = ()) -> None:
         self.path = Path(path)
         self.skip_kinds = skip_kinds
         try:
@@ -135,7 +133,7 @@ class JsonLinesWriter:
         return f"JsonLinesWriter({str(self.path)!r}, written={self.written})"
 
     def __call__(self, record: EventRecord) -> None:
-        if self._file is None or record.kind in self.skip_kinds:
+        if self._file is None or isinstance(record.event, self.skip_kinds):
             return
         self._file.write(encode_record(record) + "\n")
         self._file.flush()

@@ -12,25 +12,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from aioelastic._subscribers import WarningEvent
 from aioelastic.events._jsonl import to_data
 from aioelastic.events._stream import EventRecord
 
-WARNING_KINDS = frozenset(
-    {
-        "WorkerFailed",
-        "WorkerReaped",
-        "StacksCaptured",
-        "TimerExpired",
-        "TimerReaped",
-        "RequestRejected",
-        "MembershipChanged",
-        "NodeFenced",
-        "ShutdownRequested",
-        "EtcdFailover",
-        "EtcdLeaseLost",
-    }
-)
-"""Event kinds logged at WARNING by default (something went wrong or changed); others at INFO."""
+WARNING_KINDS: tuple[type, ...] = (WarningEvent,)
+"""Event types logged at WARNING by default (something went wrong or changed); others at INFO."""
 
 
 def describe_fields(fields: Mapping[str, Any], limit: int = 200) -> str:
@@ -52,7 +39,7 @@ def describe_fields(fields: Mapping[str, Any], limit: int = 200) -> str:
 class LoggingSubscriber:
     """Logs every record to ``logger`` (default ``aioelastic.events``).
 
-    ``warning_kinds`` are logged at WARNING, the rest at ``level`` (INFO).
+    Events of the ``warning_kinds`` types are logged at WARNING, the rest at ``level`` (INFO).
     """
 
     def __init__(
@@ -60,7 +47,7 @@ class LoggingSubscriber:
         logger: logging.Logger | None = None,
         *,
         level: int = logging.INFO,
-        warning_kinds: frozenset[str] = WARNING_KINDS,
+        warning_kinds: tuple[type, ...] = WARNING_KINDS,
     ) -> None:
         self.logger = logger if logger is not None else logging.getLogger("aioelastic.events")
         self.level = level
@@ -70,7 +57,7 @@ class LoggingSubscriber:
         return f"LoggingSubscriber({self.logger.name!r})"
 
     def __call__(self, record: EventRecord) -> None:
-        level = logging.WARNING if record.kind in self.warning_kinds else self.level
+        level = logging.WARNING if isinstance(record.event, self.warning_kinds) else self.level
         if not self.logger.isEnabledFor(level):
             return
         fields = to_data(record.event)

@@ -7,6 +7,10 @@ marks each generation (assigned, formed) and a rank's lane starts a new life whe
 a new process took it. It does no I/O and reads no clock;
 times are seconds since the first record. :func:`render_timeline` draws it with matplotlib
 (the optional extra ``aioelastic[timeline]``).
+
+Records read back from a log carry their kind as the event class's name; this module names each
+kind through its class, so it knows every part's events and sits above them (``import
+aioelastic.events`` does not load it).
 """
 
 from __future__ import annotations
@@ -15,12 +19,36 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aioelastic.events._jsonl import LoggedEvent
-
-RENDEZVOUS_STARTS = frozenset(
-    {"RendezvousJoining", "RoundJoining", "GroupRestarting", "MembershipChanged"}
+from aioelastic.agent._events import (
+    GenerationAssigned,
+    GenerationFormed,
+    GroupRestarting,
+    MembershipChanged,
+    RecoveryFellBack,
+    RendezvousCompleted,
+    RendezvousJoining,
+    RunFinished,
+    ShutdownRequested,
+    SpareStarted,
+    WorkerFailed,
+    WorkerReaped,
+    WorkersStarted,
+    WorkersStopped,
+    WorkerSucceeded,
 )
-RENDEZVOUS_ENDS = frozenset({"RendezvousCompleted", "RoundCompleted"})
+from aioelastic.events._jsonl import LoggedEvent
+from aioelastic.rendezvous._info import NodeLost, RoundCompleted, RoundInvalidated, RoundJoining
+from aioelastic.timer._events import TimerReaped
+
+
+def _names(*kinds: type) -> frozenset[str]:
+    return frozenset(kind.__name__ for kind in kinds)
+
+
+RENDEZVOUS_STARTS = _names(RendezvousJoining, RoundJoining, GroupRestarting, MembershipChanged)
+RENDEZVOUS_ENDS = _names(RendezvousCompleted, RoundCompleted)
+REAPS = _names(WorkerReaped, TimerReaped)
+MEMBERSHIP_MARKS = _names(MembershipChanged, RoundInvalidated, NodeLost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,38 +116,38 @@ class _Builder:
                 start = self.waiting.pop(node)
                 label = _round_label(data)
                 self.spans.append(Span(node_lane, start, when, "rendezvous", label))
-        elif kind == "WorkersStarted":
+        elif kind == WorkersStarted.__name__:
             for rank, pid in zip(data.get("ranks", ()), data.get("pids", ()), strict=False):
                 lane = self.lane(f"rank {rank} ({node})")
                 self.lanes_of[(node, pid)] = lane
                 self.end_worker(lane, when, "stopped")
                 self.running[lane] = (when, f"pid {pid}, restart {data.get('restart_count', 0)}")
-        elif kind == "WorkerSucceeded":
+        elif kind == WorkerSucceeded.__name__:
             self.end_worker(self._worker_lane(node, data), when, "succeeded")
-        elif kind == "WorkerFailed":
+        elif kind == WorkerFailed.__name__:
             failure = data.get("failure", {})
             lane = self._worker_lane(node, failure)
             self.end_worker(lane, when, "failed")
             self.marks.append(Mark(lane, when, "failed", f"exit {failure.get('returncode', '?')}"))
-        elif kind in ("WorkerReaped", "TimerReaped"):
+        elif kind in REAPS:
             lane = self._worker_lane(node, data)
             self.marks.append(Mark(lane, when, "reaped", f"scope {data.get('scope_id', '?')}"))
-        elif kind == "WorkersStopped":
+        elif kind == WorkersStopped.__name__:
             for lane in [lane for lane in self.running if lane.endswith(f"({node})")]:
                 self.end_worker(lane, when, "stopped")
-        elif kind == "GroupRestarting":
+        elif kind == GroupRestarting.__name__:
             restart = f"restart {data.get('restart_count', '?')}/{data.get('max_restarts', '?')}"
             self.marks.append(Mark(node_lane, when, "restart", restart))
-        elif kind in ("MembershipChanged", "RoundInvalidated", "NodeLost"):
+        elif kind in MEMBERSHIP_MARKS:
             reason = str(data.get("reason", kind)).lower()
-            if kind == "NodeLost":
+            if kind == NodeLost.__name__:
                 reason = f"reported node {data.get('lost', '?')} lost"
             self.marks.append(Mark(node_lane, when, "membership", reason))
-        elif kind == "SpareStarted":
+        elif kind == SpareStarted.__name__:
             self.marks.append(
                 Mark(self.lane(f"spares ({node})"), when, "spare", f"pid {data.get('pid')}")
             )
-        elif kind == "GenerationAssigned":
+        elif kind == GenerationAssigned.__name__:
             generation = data.get("generation", "?")
             label = f"gen {generation}: {data.get('reason', '?')}"
             self.marks.append(Mark(node_lane, when, "generation", label))
@@ -131,16 +159,16 @@ class _Builder:
                 self.running[lane] = (when, f"pid {pid}, gen {generation}")
                 if replaced.get("by_spare"):
                     self.marks.append(Mark(lane, when, "spare", f"spare pid {pid} took the rank"))
-        elif kind == "GenerationFormed":
+        elif kind == GenerationFormed.__name__:
             since = data.get("since_failure")
             took = f" {since * 1000:.0f} ms after the failure" if isinstance(since, float) else ""
             label = f"gen {data.get('generation', '?')} formed{took}"
             self.marks.append(Mark(node_lane, when, "formed", label))
-        elif kind == "RecoveryFellBack":
+        elif kind == RecoveryFellBack.__name__:
             self.marks.append(Mark(node_lane, when, "restart", "in-place recovery fell back"))
-        elif kind == "ShutdownRequested":
+        elif kind == ShutdownRequested.__name__:
             self.marks.append(Mark(node_lane, when, "shutdown", f"signal {data.get('signal')}"))
-        elif kind == "RunFinished":
+        elif kind == RunFinished.__name__:
             result = data.get("result", {})
             self.marks.append(Mark(node_lane, when, "finished", str(result.get("state", "?"))))
             for lane in [lane for lane in self.running if lane.endswith(f"({node})")]:

@@ -6,13 +6,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aioelastic._subscribers import Subscribers
+from aioelastic._subscribers import Subscribers, WarningEvent
 
 logger = logging.getLogger("aioelastic.store._etcd")
 
 
 @dataclass(frozen=True, slots=True)
-class EtcdLeaseLost:
+class EtcdLeaseLost(WarningEvent):
     """A lease this store held expired before it was renewed; its keys were deleted.
 
     ``key`` is the TTL key that lease carried, or None for the store's session lease.
@@ -24,7 +24,7 @@ class EtcdLeaseLost:
 
 
 @dataclass(frozen=True, slots=True)
-class EtcdFailover:
+class EtcdFailover(WarningEvent):
     """A call to ``endpoint`` failed; the store moved on to the next endpoint."""
 
     endpoint: str

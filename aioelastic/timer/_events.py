@@ -6,6 +6,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from aioelastic._subscribers import WarningEvent
+
 
 class RejectReason(enum.StrEnum):
     """Why a request line was dropped (the keys of ``statistics().rejected``)."""
@@ -43,7 +45,7 @@ class TimerReleased:
 
 
 @dataclass(frozen=True, slots=True)
-class TimerExpired:
+class TimerExpired(WarningEvent):
     """A timer reached its deadline; ``late`` is how long after the deadline it was seen."""
 
     pid: int
@@ -55,7 +57,7 @@ class TimerExpired:
 
 
 @dataclass(frozen=True, slots=True)
-class TimerReaped:
+class TimerReaped(WarningEvent):
     """The server signalled ``pid`` because ``scope_id`` expired.
 
     ``signal`` is the last signal sent; ``escalated`` says a SIGTERM went first and the process
@@ -80,7 +82,7 @@ class ProcessExited:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestRejected:
+class RequestRejected(WarningEvent):
     """A request line was dropped; ``detail`` says what was wrong with it."""
 
     reason: RejectReason
