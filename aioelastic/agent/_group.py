@@ -73,6 +73,7 @@ class _Worker:
     process: WorkerProcess
     error_file: str
     ended_at: float | None = None
+    """When the agent saw it end, on the monotonic clock (``time.monotonic()``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,10 @@ class WorkerGroup:
         self.hang: HangReport | None = None
         """The stacks the agent captured before a reap (``_forensics.py``), if it did."""
         self.stop_started = math.inf
+        """When :meth:`_stop` began, on the monotonic clock."""
+        self._wall_offset = time.time() - time.monotonic()
+        """Unix time minus monotonic time, read once: failures are ordered by the monotonic
+        clock, and their Unix timestamps keep that order even if the wall clock steps."""
         self._failures: tuple[WorkerFailure, ...] = ()
         self._pump_scopes: list[anyio.CancelScope] = []
         self._copies: tuple[FilteredCopy | None, FilteredCopy | None] | None = None
@@ -219,7 +224,7 @@ class WorkerGroup:
             rank=worker.ranks.rank,
             pid=worker.process.pid,
             returncode=code,
-            timestamp=ended,
+            timestamp=self._wall_offset + ended,
             error_file=worker.error_file,
             message=message,
             traceback=callstack,
@@ -352,7 +357,7 @@ class WorkerGroup:
         # given it the polite signal and the shutdown timeout; _stop() always ends it.
         with anyio.CancelScope(shield=True):
             await worker.process.watch()
-        worker.ended_at = time.time()
+        worker.ended_at = time.monotonic()
         self._notices.send_nowait(_Exited(worker.ranks.local_rank))
 
     async def _wait_workers(self) -> tuple[Outcome, str]:
@@ -373,7 +378,7 @@ class WorkerGroup:
 
     async def _stop(self, reason: str, signum: int, kill_now: anyio.Event) -> None:
         """Stop what still runs: ``signum``, then SIGKILL after the shutdown timeout."""
-        self.stop_started = time.time()
+        self.stop_started = time.monotonic()
         alive = [w for w in self.workers if w.process.returncode is None]
         if alive:
             for worker in alive:

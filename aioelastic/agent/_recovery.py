@@ -420,7 +420,7 @@ class InPlaceGroup(WorkerGroup):
         worker = self._linked[key].worker
         with anyio.CancelScope(shield=True):  # as WorkerGroup._watch: _stop() ends every worker
             await worker.process.watch()
-        worker.ended_at = time.time()
+        worker.ended_at = time.monotonic()
         tell: MemoryObjectSendStream[_Notice] = self._tell
         tell.send_nowait(_Exit(key))
 

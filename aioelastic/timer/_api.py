@@ -8,6 +8,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Literal
 
@@ -48,17 +49,23 @@ class TimerClient(abc.ABC):
         await self.acquire(scope_id, expiration_time)
 
 
-_default_client: TimerClient | None = None
+_default_client: ContextVar[TimerClient | None] = ContextVar(
+    "aioelastic.timer default client", default=None
+)
+"""The client ``expires()`` uses when none is passed, per context: two servers in one process
+(tests, in-process jobs) each serve the tasks that configured them."""
 
 
 def configure(client: TimerClient | None) -> None:
     """Set the client ``expires()`` uses when none is passed (``None`` unsets it).
 
+    The default belongs to the current context: this task and the tasks and ``to_thread``
+    threads it starts afterwards, or, called at module level, the whole program's main thread.
+    A ``threading.Thread`` starts with no default: pass ``client=`` or configure it there.
     Under ``aioelastic run`` this also registers the agent's stack-dump signal with
     ``faulthandler`` (see ``_stackdump.py``).
     """
-    global _default_client
-    _default_client = client
+    _default_client.set(client)
     if client is not None:
         register_stack_dump()  # lets the agent dump this worker's stacks if py-spy cannot
 
@@ -161,7 +168,7 @@ def expires(
         raise InvalidDurationError("after", after)
     else:
         learned = None
-    chosen = client if client is not None else _default_client
+    chosen = client if client is not None else _default_client.get()
     if chosen is None:
         raise NoTimerClientError
     if scope is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 
 import anyio
 import pytest
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(autouse=True)
 def no_default_client(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(api_module, "_default_client", None)
+    """Each test starts with a default-client variable of its own, unset."""
+    monkeypatch.setattr(api_module, "_default_client", ContextVar("test default", default=None))
 
 
 @pytest.fixture
@@ -104,6 +106,39 @@ async def test_explicit_client_overrides_the_configured_one(
             pass
         await recorder.wait_count(TimerReleased, 1)
     assert other.events == []
+
+
+async def test_each_task_keeps_the_client_it_configured(
+    recorder: Recorder, client: LocalTimerClient, clock: ManualClock
+) -> None:
+    """configure() in one task sets the default for it and the tasks it starts afterwards,
+    not for a sibling that configured another client."""
+    other = Recorder()
+    configured = anyio.Event()
+    async with LocalTimerServer("other", on_event=other, clock=clock) as server:
+
+        async def uses_the_other_server() -> None:
+            timer.configure(server.client())
+            configured.set()
+            async with anyio.create_task_group() as children:
+                children.start_soon(expire_block, "child of other")
+
+        async def expire_block(scope: str) -> None:
+            async with timer.expires(after=60, scope=scope):
+                pass
+
+        async def uses_the_fixture_client() -> None:
+            timer.configure(client)
+            await configured.wait()  # after the sibling's configure()
+            await expire_block("fixture")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(uses_the_other_server)
+            tg.start_soon(uses_the_fixture_client)
+        await other.wait_count(TimerReleased, 1)
+    await recorder.wait_count(TimerReleased, 1)
+    assert scopes(recorder, TimerAcquired) == ["fixture"]
+    assert scopes(other, TimerAcquired) == ["child of other"]
 
 
 async def test_default_scope_names_the_line_and_is_unique(
