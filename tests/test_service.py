@@ -104,3 +104,26 @@ async def test_tcp_store_server_on_a_busy_port_raises_oserror() -> None:
             async with TCPStoreServer("127.0.0.1", port):
                 pass
     assert caught.value.errno == errno.EADDRINUSE
+
+
+async def test_close_from_another_task_stops_serve_alone() -> None:
+    """_close_service() from another task stops serve() and returns once it has; the block
+    itself is not cancelled, and its exit is clean."""
+    service = Recorder()
+    went_on = False
+    async with service:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(service._close_service)
+        assert service.log == ["started", "cancelled"]
+        await anyio.lowlevel.checkpoint()
+        went_on = True
+    assert went_on
+    assert service.log == ["started", "cancelled"]
+
+
+async def test_close_in_the_entering_task_then_the_blocks_end_is_clean() -> None:
+    """Closing in the task that entered exits at once; leaving the block afterwards is no error."""
+    service = Recorder()
+    async with service:
+        await service._close_service()
+        assert service.log == ["started", "cancelled"]

@@ -203,10 +203,10 @@ class EtcdStore(Service, Store):
         super()._stop_serving(group)
 
     async def aclose(self) -> None:
-        """Stop the keepalive task, revoke the session lease and close the channels."""
+        """Stop the keepalive task, revoke the session lease and close the channels (from
+        any task: see :meth:`Service._close_service`)."""
         self._closed = True
-        if self._service_group is not None:
-            await Service.__aexit__(self, None, None, None)
+        await self._close_service()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -140,6 +140,8 @@ class TCPStore(Store):
         self._connection: ClientConnection | None = None
         self._fatal: StoreError | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._owner: object = None  # the task that entered (and exits) the task group
+        self._supervisor = anyio.CancelScope()  # the reading task's, which aclose() cancels
         self._closed = False
         self._frame_limit = max_frame_size  # lowered to the server's at the handshake
         self._unreachable: str | None = None  # why reconnecting last gave up, until it succeeds
@@ -160,21 +162,27 @@ class TCPStore(Store):
         self._connection = connection
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
-        task_group.start_soon(self._supervise, connection)
-        self._task_group = task_group
+        task_group.start_soon(self._supervise, connection, self._supervisor)
+        self._task_group, self._owner = task_group, anyio.get_current_task().id
         return self
 
     async def aclose(self) -> None:
-        """Close the connection; calls still waiting raise :class:`StoreClosedError`."""
+        """Close the connection; calls still waiting raise :class:`StoreClosedError`.
+
+        Safe from any task: it stops the reading task alone (the task group's own scope holds
+        the ``async with`` block too), and only the task that entered exits the task group;
+        from another one, the emptied group is left for the block's end to exit.
+        """
         self._closed = True
         self._fail_all(StoreClosedError(f"the store client for {self.endpoint} was closed"))
-        task_group, self._task_group = self._task_group, None
-        if task_group is not None:
-            task_group.cancel_scope.cancel()
+        self._supervisor.cancel()
+        task_group = self._task_group
+        if task_group is not None and anyio.get_current_task().id == self._owner:
+            self._task_group = None
             await task_group.__aexit__(None, None, None)
         if self._connection is not None:
-            await self._connection.aclose()
-            self._connection = None
+            connection, self._connection = self._connection, None
+            await connection.aclose()
 
     async def _open(self) -> ClientConnection:
         try:
@@ -294,8 +302,12 @@ class TCPStore(Store):
             await anyio.sleep(pause)
             delay = min(delay * 2, _BACKOFF_MAX)
 
-    async def _supervise(self, connection: ClientConnection) -> None:
+    async def _supervise(self, connection: ClientConnection, scope: anyio.CancelScope) -> None:
         """Read replies; when the connection drops, reconnect and re-send what is safe."""
+        with scope:
+            await self._read_and_reconnect(connection)
+
+    async def _read_and_reconnect(self, connection: ClientConnection) -> None:
         while True:
             await connection.run()
             log.info("store %s: connection lost", self.endpoint)

@@ -7,7 +7,13 @@ import math
 import anyio
 import pytest
 
-from aioelastic.store import Store, StoreError, StoreTimeoutError, StoreValueError
+from aioelastic.store import (
+    Store,
+    StoreClosedError,
+    StoreError,
+    StoreTimeoutError,
+    StoreValueError,
+)
 from aioelastic.testing import ManualClock
 from tests.store.conftest import Parked
 
@@ -501,3 +507,30 @@ async def test_invalid_ttl_is_refused(store: Store, ttl: float) -> None:
     with pytest.raises(ValueError, match="ttl must be a positive, finite number"):
         await store.set("k", b"v", ttl=ttl)
     assert not await store.check(["k"])
+
+
+# -- closing ---------------------------------------------------------------------------------
+
+
+async def test_aclose_from_another_task_fails_the_waiting_calls(
+    store: Store, store_backend: str
+) -> None:
+    """aclose() from a task other than the one that opened the store is safe: a call waiting
+    in it raises StoreClosedError, later calls too, and the opener's exit stays clean."""
+    if store_backend == "prefix":
+        pytest.skip("a PrefixStore is a view: its aclose() leaves the store it views open")
+    outcome: list[BaseException] = []
+
+    async def waiter() -> None:
+        try:
+            await store.get("never-set", timeout=60)
+        except StoreClosedError as error:
+            outcome.append(error)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()  # the get is parked in the store
+        tg.start_soon(store.aclose)
+    assert [type(error) for error in outcome] == [StoreClosedError]
+    with pytest.raises(StoreClosedError):
+        await store.set("k", b"v")
