@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from aioelastic.cli import main
-
-has_c10d = importlib.util.find_spec("aioelastic.rendezvous._c10d") is not None
 
 
 def bad(*argv: str, name: str | None = None, **marks: pytest.MarkDecorator) -> object:
@@ -143,7 +140,6 @@ def test_unusable_log_dir_is_one_line(
     check_one_line_error(code, output, "--log-dir")
 
 
-@pytest.mark.skipif(not has_c10d, reason="the c10d rendezvous backend has not landed")
 @pytest.mark.parametrize("setting", ["is_host=maybe", "read_timeout=-1", "join_timeout=x"])
 def test_bad_c10d_option_is_one_line(
     setting: str, script: str, capsys: pytest.CaptureFixture[str]
