@@ -5,7 +5,7 @@
 * throughput: requests/s from 1 and 8 client processes writing flat out (open, write, close
   per request, as torch's client does), until the server has read them all; with torch's
   client against both servers, then end to end (each side's own client); with the server's
-  CPU time per request (it includes answering the bench's progress polls, alike for both);
+  CPU time per request (polled for progress only after the clients finished);
 * pipe full: how many BlockingIOError an unmodified torch client meets writing flat out
   (it would crash a real worker; the bench retries and counts);
 * idle CPU: server CPU time per second while 1,000 timers sit armed;
@@ -267,7 +267,10 @@ def throughput(
     """Requests/s read by the server, BlockingIOErrors the clients met, server CPU µs/request.
 
     The rate is bound by CPU shared with the clients (and whoever else uses the machine), so
-    it is noisy; the server's CPU time per request is the steadier figure.
+    it is noisy; the server's CPU time per request is the steadier figure. The bench asks the
+    server for its count only once the clients are done: a poll every 2 ms while they wrote
+    cost our asyncio host (a loop wake-up per poll) several µs per request, torch's host
+    (a blocking read in its main thread) less, and neither is serving.
     """
     before, cpu = host.requests(), host.cpu()
     clients = [
@@ -296,13 +299,13 @@ def throughput(
         assert proc.stdin is not None
         proc.stdin.write("go\n")
         proc.stdin.flush()
-    done = host.wait_requests(before + processes * per_client)
     starts, fulls = [], 0
-    for proc in clients:
+    for proc in clients:  # before polling: the polls would cost the server CPU while it serves
         out, _ = proc.communicate()
         start, full = out.split()
         starts.append(float(start))
         fulls += int(full)
+    done = host.wait_requests(before + processes * per_client)
     total = processes * per_client
     return total / (done - min(starts)), fulls, (host.cpu() - cpu) / total * 1e6
 

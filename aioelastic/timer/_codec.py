@@ -1,9 +1,11 @@
 """The pure FIFO wire codec: one JSON object per line, version 1 exactly as PyTorch writes it.
 
 ``encode_request`` produces the bytes a client writes in one ``os.write``; ``LineDecoder`` turns
-whatever a read returned into requests and rejections. Partial lines are buffered until their
-newline arrives; a line longer than ``PIPE_BUF`` cannot have been written atomically, so it is
-discarded up to its newline and reported once. A bad line costs that line only.
+whatever a read returned into requests and rejections (``feed``), or into the requests' bare
+fields (``feed_fields``, what the server applies: no object per request). Partial lines are
+buffered until their newline arrives; a line longer than ``PIPE_BUF`` cannot have been written
+atomically, so it is discarded up to its newline and reported once. A bad line costs that line
+only.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class TimerRequest:
     def to_json(self) -> str:
         """The version-1 JSON object, as PyTorch's ``FileTimerRequest.to_json()`` gives it."""
         return encode_request(self)[:-1].decode()
+
+
+RequestFields = tuple[int, str, float, int]
+"""A well-formed request's ``(pid, scope_id, expiration_time, signal)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +110,14 @@ _JSON = json.JSONDecoder()
 
 def decode_line(line: bytes) -> TimerRequest | Rejection:
     """Decode one line (without its newline)."""
+    return _as_request(_decode_fields(line))
+
+
+def _as_request(item: RequestFields | Rejection) -> TimerRequest | Rejection:
+    return item if isinstance(item, Rejection) else TimerRequest(*item)
+
+
+def _decode_fields(line: bytes) -> RequestFields | Rejection:
     if len(line) >= PIPE_BUF:
         return Rejection(RejectReason.TOO_LONG, f"line of {len(line) + 1} bytes: {_snippet(line)}")
     try:
@@ -117,8 +131,8 @@ def decode_line(line: bytes) -> TimerRequest | Rejection:
     return _request_from(obj, line)
 
 
-def _request_from(obj: object, line: bytes) -> TimerRequest | Rejection:
-    """The request a decoded line holds, or why it holds none."""
+def _request_from(obj: object, line: bytes) -> RequestFields | Rejection:
+    """The request's fields a decoded line holds, or why it holds none."""
     if type(obj) is dict:
         # Fast path for a well-formed line; anything else gets the detailed checks below.
         pid, scope_id, signal = obj.get("pid"), obj.get("scope_id"), obj.get("signal")
@@ -133,7 +147,7 @@ def _request_from(obj: object, line: bytes) -> TimerRequest | Rejection:
             and (type(expiration) is float or type(expiration) is int)
             and math.isfinite(expiration)
         ):
-            return TimerRequest(pid, scope_id, float(expiration), signal)
+            return (pid, scope_id, float(expiration), signal)
     return _diagnose(obj, line)
 
 
@@ -187,6 +201,10 @@ class LineDecoder:
 
     def feed(self, data: bytes) -> list[TimerRequest | Rejection]:
         """Decode every complete line in ``data`` (after what was buffered)."""
+        return [_as_request(item) for item in self.feed_fields(data)]
+
+    def feed_fields(self, data: bytes) -> list[RequestFields | Rejection]:
+        """:meth:`feed`, giving each request as its bare fields (:data:`RequestFields`)."""
         lines = (self._tail + data).split(b"\n") if self._tail else data.split(b"\n")
         tail = lines.pop()
         if self._skipping and lines:
@@ -197,7 +215,7 @@ class LineDecoder:
         if values is not None:
             out = [_request_from(value, line) for value, line in zip(values, lines, strict=True)]
         else:
-            out = [decode_line(line) for line in lines]
+            out = [_decode_fields(line) for line in lines]
         if self._skipping:
             tail = b""
         elif len(tail) >= PIPE_BUF:

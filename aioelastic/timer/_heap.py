@@ -1,10 +1,12 @@
 """A pure deadline heap of timers keyed by ``(pid, scope_id)``.
 
 Theory of operation: a binary heap of ``(deadline, seq, key)`` entries plus a map from key to
-the live timer and the ``seq`` of its current entry. Re-arming or removing a timer only updates
-the map; the stale heap entry is skipped when it surfaces (lazy deletion), and the heap is
-rebuilt when stale entries outnumber live ones, so memory stays O(live timers). Nothing here
-reads a clock: callers pass ``now``.
+the live timer's fields and the ``seq`` of its current entry. Re-arming or removing a timer only
+updates the map; the stale heap entry is skipped when it surfaces (lazy deletion), and the heap
+is rebuilt when stale entries outnumber live ones, so memory stays O(live timers). The map holds
+plain tuples and a :class:`Timer` is built only when one is handed out: a server arms and
+releases timers far more often than it looks at one (a frozen dataclass costs about ten times a
+tuple to build). Nothing here reads a clock: callers pass ``now``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 TimerKey = tuple[int, str]
+_Entry = tuple[int, float, float, int]
+"""A live timer in the map: ``(seq, deadline, expiration_time, signal)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +43,7 @@ class DeadlineHeap:
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, TimerKey]] = []
-        self._live: dict[TimerKey, tuple[int, Timer]] = {}
+        self._live: dict[TimerKey, _Entry] = {}
         self._by_pid: dict[int, set[str]] = {}
         self._seq = itertools.count()
 
@@ -52,34 +56,43 @@ class DeadlineHeap:
     def get(self, key: TimerKey) -> Timer | None:
         """Return the live timer for ``key``, if any."""
         entry = self._live.get(key)
-        return entry[1] if entry is not None else None
+        return None if entry is None else _timer(key, entry)
 
     def arm(self, timer: Timer) -> None:
         """Add ``timer``, replacing any timer with the same key."""
-        key = timer.key
+        self.arm_at(timer.pid, timer.scope_id, timer.deadline, timer.expiration_time, timer.signal)
+
+    def arm_at(
+        self, pid: int, scope_id: str, deadline: float, expiration_time: float, signal: int
+    ) -> None:
+        """:meth:`arm` from the timer's fields, without building a :class:`Timer`."""
+        key = (pid, scope_id)
         seq = next(self._seq)
-        if key not in self._live:
-            self._by_pid.setdefault(timer.pid, set()).add(timer.scope_id)
-        self._live[key] = (seq, timer)
-        heapq.heappush(self._heap, (timer.deadline, seq, key))
-        self._maybe_compact()
+        live = self._live
+        if key not in live:
+            scopes = self._by_pid.get(pid)
+            if scopes is None:
+                self._by_pid[pid] = {scope_id}
+            else:
+                scopes.add(scope_id)
+        live[key] = (seq, deadline, expiration_time, signal)
+        heapq.heappush(self._heap, (deadline, seq, key))
+        if len(self._heap) > 2 * len(live) + self._COMPACT_SLACK:
+            self._compact()
 
     def release(self, key: TimerKey) -> Timer | None:
         """Remove and return the timer for ``key``; ``None`` if there is none."""
-        entry = self._live.pop(key, None)
-        if entry is None:
-            return None
-        scopes = self._by_pid[key[0]]
-        scopes.discard(key[1])
-        if not scopes:
-            del self._by_pid[key[0]]
-        self._maybe_compact()
-        return entry[1]
+        entry = self._pop(key)
+        return None if entry is None else _timer(key, entry)
+
+    def discard(self, key: TimerKey) -> bool:
+        """Remove the timer for ``key``; whether there was one."""
+        return self._pop(key) is not None
 
     def release_pid(self, pid: int) -> list[Timer]:
         """Remove and return every timer of ``pid``, earliest deadline first."""
         scopes = self._by_pid.pop(pid, set())
-        timers = [self._live.pop((pid, scope))[1] for scope in scopes]
+        timers = [_timer((pid, scope), self._live.pop((pid, scope))) for scope in scopes]
         self._maybe_compact()
         return sorted(timers, key=lambda t: t.deadline)
 
@@ -102,9 +115,9 @@ class DeadlineHeap:
             if not self._heap or self._heap[0][0] > now:
                 return
             _, _, key = heapq.heappop(self._heap)
-            timer = self.release(key)
-            assert timer is not None
-            yield timer
+            entry = self._pop(key)
+            assert entry is not None
+            yield _timer(key, entry)
 
     def _drop_stale_top(self) -> None:
         heap, live = self._heap, self._live
@@ -115,7 +128,27 @@ class DeadlineHeap:
                 return
             heapq.heappop(heap)
 
+    def _pop(self, key: TimerKey) -> _Entry | None:
+        entry = self._live.pop(key, None)
+        if entry is None:
+            return None
+        pid, scope_id = key
+        scopes = self._by_pid[pid]
+        scopes.discard(scope_id)
+        if not scopes:
+            del self._by_pid[pid]
+        self._maybe_compact()
+        return entry
+
     def _maybe_compact(self) -> None:
         if len(self._heap) > 2 * len(self._live) + self._COMPACT_SLACK:
-            self._heap = [(t.deadline, seq, key) for key, (seq, t) in self._live.items()]
-            heapq.heapify(self._heap)
+            self._compact()
+
+    def _compact(self) -> None:
+        self._heap = [(deadline, seq, key) for key, (seq, deadline, _, _) in self._live.items()]
+        heapq.heapify(self._heap)
+
+
+def _timer(key: TimerKey, entry: _Entry) -> Timer:
+    _, deadline, expiration_time, signal = entry
+    return Timer(key[0], key[1], deadline, expiration_time, signal)

@@ -85,7 +85,8 @@ class LocalTimerServer(TimerServerBase):
                     self._cancels.pop(key, None)
                 else:
                     self._cancels[key] = item.cancel
-            self._apply(item.request for item in batch)
+            requests = [item.request for item in batch]
+            self._apply((r.pid, r.scope_id, r.expiration_time, r.signal) for r in requests)
 
     def _admit(self, pid: int) -> Rejection | None:
         return None

@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from aioelastic._clock import Clock, MonotonicClock
 from aioelastic._service import Service
 from aioelastic._subscribers import Subscribers
-from aioelastic.timer._codec import Rejection, TimerRequest
+from aioelastic.timer._codec import Rejection, RequestFields, TimerRequest
 from aioelastic.timer._events import (
     RejectReason,
     RequestRejected,
@@ -162,37 +162,38 @@ class TimerServerBase(Service):
         assert self._task_group is not None
         self._task_group.start_soon(func, *args)
 
-    def _apply(self, items: Iterable[TimerRequest | Rejection]) -> None:
+    def _apply(self, items: Iterable[RequestFields | Rejection]) -> None:
         """Apply decoded requests in order; a rejection costs only its own line."""
         now, wall = self._clock.now(), self._wall_clock()
         offset = now - wall
-        heap, emit = self._heap, bool(self._subscribers)
+        heap, emit, admit = self._heap, bool(self._subscribers), self._admit
         earliest = math.inf
+        requests = acquires = releases = 0
         for item in items:
-            self._requests += 1
+            requests += 1
             if isinstance(item, Rejection):
                 self._reject(item)
                 continue
-            key = (item.pid, item.scope_id)
-            if item.expiration_time < 0:
-                self._releases += 1
-                if heap.release(key) is not None and emit:
-                    self._emit(TimerReleased(item.pid, item.scope_id))
+            pid, scope_id, expiration_time, signal = item
+            if expiration_time < 0:
+                releases += 1
+                if heap.discard((pid, scope_id)) and emit:
+                    self._emit(TimerReleased(pid, scope_id))
                 continue
-            rejection = self._admit(item.pid)
+            rejection = admit(pid)
             if rejection is not None:
                 self._reject(rejection)
                 continue
-            self._acquires += 1
-            deadline = item.expiration_time + offset
-            heap.arm(Timer(item.pid, item.scope_id, deadline, item.expiration_time, item.signal))
-            earliest = min(earliest, deadline)
+            acquires += 1
+            deadline = expiration_time + offset
+            heap.arm_at(pid, scope_id, deadline, expiration_time, signal)
+            if deadline < earliest:
+                earliest = deadline
             if emit:
-                self._emit(
-                    TimerAcquired(
-                        item.pid, item.scope_id, deadline, item.expiration_time, item.signal
-                    )
-                )
+                self._emit(TimerAcquired(pid, scope_id, deadline, expiration_time, signal))
+        self._requests += requests
+        self._acquires += acquires
+        self._releases += releases
         self._last_progress = wall
         if earliest < self._sleeping_until and self._sleep_scope is not None:
             self._sleeping_until = -math.inf
