@@ -88,6 +88,7 @@ class EtcdMember:
             "--initial-cluster-state", "new",
             "--heartbeat-interval", "100",
             "--election-timeout", "1000",
+            "--pre-vote",  # (3.5 default) a member back from a partition keeps the leader
             "--logger", "zap",
             "--log-outputs", "stderr",
             *self.extra_args,

@@ -274,6 +274,7 @@ class Job:
                 "--initial-cluster", peers, "--initial-cluster-token", self.workdir.name,
                 "--initial-cluster-state", "new",
                 "--heartbeat-interval", "100", "--election-timeout", "1000",
+                "--pre-vote",  # (3.5 default) the cut host's member must not depose the leader
                 "--logger", "zap", "--log-outputs", "stderr",
             ]  # fmt: skip
             with (self.workdir / f"etcd-{host.index}.log").open("wb") as log:
