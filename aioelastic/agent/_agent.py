@@ -14,6 +14,10 @@ first of:
 * a shutdown signal: it is forwarded to the workers, SIGKILL follows after the shutdown
   timeout (or at once on a second signal), and the run ends as stopped.
 
+Under ``--recovery in-place`` across nodes an attempt outlives rounds: a membership change
+joins the next round while the workers run (:meth:`ElasticAgent._follow_rounds`), and the
+group turns who is in it into generations (``_recovery.py``).
+
 Waiting is never a poll: exits come from pidfds, reaps from the timer server's events, round
 changes from the rendezvous handler. The local group of one attempt is a
 :class:`~aioelastic.agent._group.WorkerGroup`; this module is the loop around it. Everything the
@@ -61,7 +65,12 @@ from aioelastic.agent._events import (
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup
 from aioelastic.agent._guardian import Guardian, guardian_for
 from aioelastic.agent._logs import console_writer, make_run_log_dir
-from aioelastic.agent._recovery import Attempts
+from aioelastic.agent._recovery import (
+    INPLACE_RECORD_PREFIX,
+    Attempts,
+    NodeRecord,
+    SharedInPlaceGroup,
+)
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.agent._timeouts import agent_timeouts, check_timeouts
@@ -137,6 +146,8 @@ class ElasticAgent(Service):
         self._stack_capture: Forensics | None = None
         self._temporary_stacks: Callable[[int], Path] | None = None
         self._round_store: Store | None = None
+        self._info: RendezvousInfo | None = None
+        """The round this node is in (in-place recovery across nodes follows later rounds)."""
         self._worker_store: WorkerStore | None = None
         self._private_dir = ""
         self._log_dir: Path | None = None
@@ -371,11 +382,12 @@ class ElasticAgent(Service):
                 continue
             round_info, ranks = assigned
             self._round_store = info.store
+            self._info = info
             assert self._worker_store is not None
             async with self._worker_store.attempt(info, round_info) as round_info:
                 group, outcome, detail = await self._run_attempt(round_info, ranks)
             if outcome is Outcome.SUCCEEDED:
-                await self._exit_barrier(info)
+                await self._exit_barrier(self._info or info)
                 return self._result(RunState.SUCCEEDED, group, reason=detail)
             if outcome in (Outcome.MEMBERSHIP, Outcome.FENCED):
                 self._membership_changes += 1
@@ -421,12 +433,21 @@ class ElasticAgent(Service):
     async def _assign(self, info: RendezvousInfo) -> tuple[RoundInfo, list[WorkerRanks]]:
         """Number this node's workers across the job (one store round trip per node)."""
         slot = NodeSlot(self.spec.role, self.spec.local_world_size)
+        record = self._attempts.record()  # in-place recovery across nodes: the epoch it runs
         if info.world_size == 1:
             nodes = [slot]
+            records = [] if record is None else [record]
         else:
             keys = [f"{_STORE_PREFIX}slot/{rank}" for rank in range(info.world_size)]
             await info.store.set(keys[info.rank], slot.encode())
+            records = []
+            if record is not None:
+                held = [f"{INPLACE_RECORD_PREFIX}{rank}" for rank in range(info.world_size)]
+                await info.store.set(held[info.rank], record.encode())
+                records = [NodeRecord.decode(raw) for raw in await info.store.multi_get(held)]
             nodes = [NodeSlot.decode(raw) for raw in await info.store.multi_get(keys)]
+        if record is not None:
+            self._attempts.heard(info, records)
         ranks = assign_ranks(nodes, info.rank)
         bootstrap = info.bootstrap_store_info
         round_info = RoundInfo(
@@ -495,9 +516,12 @@ class ElasticAgent(Service):
         )
         assert self._kill_now is not None
         self._group = group
+        waiter = self._wait_round_or_answer_stacks
+        if isinstance(group, SharedInPlaceGroup):
+            waiter = self._follow_rounds
         try:
             outcome, detail = await group.run(
-                self._wait_round_or_answer_stacks,
+                waiter,
                 shutdown=lambda: self._stop_signal,
                 kill_now=self._kill_now,
             )
@@ -527,6 +551,34 @@ class ElasticAgent(Service):
             assert self._temporary_stacks is not None  # made with the Forensics that asks
             return self._temporary_stacks(restart_count)
         return self._run_log_dir() / f"attempt_{restart_count}" / "stacks"
+
+    async def _follow_rounds(self) -> tuple[Outcome, str]:
+        """The outside waiter of an attempt that recovers in place across nodes: a membership
+        change joins the next round *while the workers run*, and the group learns who is in it
+        (a node gone makes a smaller world; a node joining is admitted); only being fenced,
+        the rendezvous closing, or this node leaving a stale epoch ends the attempt."""
+        handler = self.spec.rdzv_handler
+        while True:
+            outcome, detail = await self._wait_round_or_answer_stacks()
+            if outcome is not Outcome.MEMBERSHIP:
+                return outcome, detail
+            self._membership_changes += 1
+            self._emit(RendezvousJoining(self._run_id, handler.get_backend(), self._restart_count))
+            try:
+                info = await handler.next_rendezvous()
+            except (RendezvousGracefulExitError, RendezvousClosedError) as exc:
+                return Outcome.CLOSED, f"the rendezvous ended while recovering in place: {exc}"
+            self._rounds += 1
+            assigned = await self._assign_unless_invalidated(info)
+            if isinstance(assigned[0], Outcome):
+                if assigned[0] is Outcome.CLOSED:
+                    return Outcome.CLOSED, assigned[1]
+                continue  # the round moved on already: the next wait returns at once
+            self._info = info
+            self._round_store = self._attempts.store = info.store
+            ended = self._attempts.new_round()
+            if ended is not None:
+                return ended
 
     async def _wait_round_invalidated(self) -> tuple[Outcome, str]:
         event = await self.spec.rdzv_handler.wait_round_invalidated()

@@ -432,6 +432,11 @@ class GenerationMachine:
         """When the shell must send :class:`Tick` at the latest (inf: no deadline)."""
         return self._recovery.deadline if self._recovery is not None else math.inf
 
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """The nodes in the job (admitted or joining), in order."""
+        return tuple(self._nodes)
+
     def state_of(self, key: WorkerKey) -> WorkerState:
         return self._workers[key].state
 

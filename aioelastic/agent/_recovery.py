@@ -1,4 +1,4 @@
-"""The shell of in-place recovery on one node: processes and links in, generations out.
+"""The shell of in-place recovery: processes and links in, generations out.
 
 :class:`InPlaceGroup` is the :class:`~aioelastic.agent._group.WorkerGroup` of an attempt under
 ``--recovery in-place``. It runs the pure :class:`~aioelastic.agent._generations.GenerationMachine`
@@ -14,6 +14,9 @@ Each generation gets its own store: a prefix of a store the attempt serves on lo
 ours on one port), so no worker binds a port, no worker's death takes the store away, and two
 generations never share keys.
 A worker that asks nothing of the API is an ordinary worker: see the machine's WAITING phase.
+
+Across nodes, :class:`SharedInPlaceGroup` does the same with one replica of the job's machine
+per agent, fed from a log in the job's store (see "many nodes" below).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import math
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +54,9 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._group import Outcome, WorkerGroup, _Worker
 from aioelastic.agent._spec import WorkerSpec
-from aioelastic.store import Store, StoreError, TCPStoreServer
+from aioelastic.rendezvous import RendezvousInfo
+from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+from aioelastic.store import PrefixStore, Store, StoreError, TCPStoreServer, TorchStoreListener
 from aioelastic.worker._protocol import (
     WORKER_FD_ENV,
     Enter,
@@ -71,12 +78,12 @@ logger = logging.getLogger(__name__)
 def encode_generation(machine: g.GenerationMachine, pids: Mapping[g.WorkerKey, int]) -> bytes:
     """What ``aioelastic status`` reads: the generation, its pids by rank, the spares' pids."""
     generation = machine.generation
-    spares = [pids[key] for key in machine.spares()]
+    spares = [pids[key] for key in machine.spares() if key in pids]
     return json.dumps(
         {
             "generation": 0 if generation is None else generation.number,
             "phase": machine.phase.name.lower(),
-            "pids": [] if generation is None else [pids[k] for k in generation.members],
+            "pids": [] if generation is None else [pids.get(k, 0) for k in generation.members],
             "spares": spares,
         }
     ).encode()
@@ -99,7 +106,12 @@ class _Said:
     message: Message
 
 
-_Notice = _Exit | _Said
+@dataclass(frozen=True, slots=True)
+class _Logged:
+    entry: g.LogEntry
+
+
+_Notice = _Exit | _Said | _Logged
 
 
 @dataclass(slots=True)
@@ -117,13 +129,22 @@ class InPlaceGroup(WorkerGroup):
     store: Store | None = None
     """Where the node's generation is shown (``aioelastic status``), if anywhere."""
 
+    verdict_grace = VERDICT_GRACE
+    """How long a troubled worker waits for its world's end before its error counts as its own."""
+    evicts = True
+    """Whether likely hung peers are evicted (every member is on this node, so the agent knows
+    who is silent)."""
+
     def _setup(self) -> None:
-        node = self.info.group_rank
+        node = self.node = self.info.group_rank
         self.machine = g.GenerationMachine(
             {node: g.NodeSpec(self.spec.local_world_size, self.spec.spares)},
             recovery_timeout=self.spec.recovery_timeout,
             first_generation=self.first_generation,
         )
+        self._setup_links()
+
+    def _setup_links(self) -> None:
         self._linked: dict[g.WorkerKey, _Linked] = {}
         self._verdicts: dict[g.WorkerKey, tuple[int, float]] = {}
         self._failed_at: dict[g.WorkerKey, float] = {}
@@ -145,12 +166,18 @@ class InPlaceGroup(WorkerGroup):
     ) -> tuple[Outcome, str]:
         self._setup()
         try:
-            async with TCPStoreServer("127.0.0.1", 0) as self._worlds_store:
+            async with self._worlds_served():
                 with self._tell, self._heard:
                     return await super().run(other, shutdown=shutdown, kill_now=kill_now)
         finally:
             for linked in self._linked.values():
                 linked.link.close()
+
+    @asynccontextmanager
+    async def _worlds_served(self) -> AsyncIterator[None]:
+        """Serve the generations' stores while the attempt runs."""
+        async with TCPStoreServer("127.0.0.1", 0) as self._worlds_store:
+            yield
 
     # -- hooks of WorkerGroup.run ---------------------------------------------------------------
 
@@ -191,17 +218,32 @@ class InPlaceGroup(WorkerGroup):
     def _linked_pids(self) -> dict[g.WorkerKey, int]:
         return {key: linked.worker.process.pid for key, linked in self._linked.items()}
 
+    def _pid_of(self, key: g.WorkerKey) -> int:
+        """The pid of worker ``key`` (0 where this agent never learned it)."""
+        linked = self._linked.get(key)
+        return linked.worker.process.pid if linked is not None else 0
+
+    def _record(self, event: g.Event, now: float, *, pid: int | None = None) -> list[g.Command]:
+        """Feed ``event`` to the machine; return what to do now (see the shared group)."""
+        return self.machine.send(event, now)
+
+    def _next_deadline(self) -> float:
+        return self.machine.deadline
+
+    def _on_deadline(self, now: float) -> list[g.Command]:
+        return self.machine.send(g.Tick(), now)
+
     async def _drive(self) -> tuple[Outcome, str]:
         heard: MemoryObjectReceiveStream[_Notice] = self._heard
         while True:
-            due = min([self.machine.deadline, *(d for _, d in self._verdicts.values())])
+            due = min([self._next_deadline(), *(d for _, d in self._verdicts.values())])
             notice: _Notice | None = None
             with anyio.move_on_after(max(0.0, due - anyio.current_time())):
                 notice = await heard.receive()
             now = anyio.current_time()
             if notice is None:
                 self._give_verdicts(now)
-                commands = self.machine.send(g.Tick(), now)
+                commands = self._on_deadline(now)
             else:
                 commands = self._hear(notice, now)
             ended = self._apply(commands)
@@ -215,18 +257,20 @@ class InPlaceGroup(WorkerGroup):
     # -- from the world to the machine ------------------------------------------------------------
 
     def _hear(self, notice: _Notice, now: float) -> list[g.Command]:
+        if isinstance(notice, _Logged):  # only a shared group follows a log
+            return []
         linked = self._linked[notice.key]
         if isinstance(notice, _Exit):
             return self._exited(linked, now)
         match notice.message:
             case Hello():
-                return self.machine.send(g.Ready(linked.key), now)
+                return self._record(g.Ready(linked.key), now, pid=linked.worker.process.pid)
             case Enter(generation=number):
-                return self.machine.send(g.Entered(linked.key, number), now)
+                return self._record(g.Entered(linked.key, number), now)
             case Trouble(generation=number):
                 current = self.machine.generation
                 if current is not None and current.number == number:
-                    self._verdicts[linked.key] = (number, now + VERDICT_GRACE)
+                    self._verdicts[linked.key] = (number, now + self.verdict_grace)
                     self._asked_at[linked.key] = now
                     self._troubled.setdefault(number, set()).add(linked.key)
                 return []
@@ -247,7 +291,7 @@ class InPlaceGroup(WorkerGroup):
             self._failed_at[linked.key] = now
             self.reported.add(worker.process.pid)
             self._reports.append(WorkerFailed(self._failure_of(worker)))
-        return self.machine.send(g.Exited(linked.key, code), now)
+        return self._record(g.Exited(linked.key, code), now)
 
     def _give_verdicts(self, now: float) -> None:
         """Answer the workers whose grace passed: wait on while a peer told "still valid" is
@@ -265,9 +309,10 @@ class InPlaceGroup(WorkerGroup):
             failing = self._condemned.setdefault(number, set())
             waited = now - self._asked_at.get(key, now)
             if (failing & set(alive)) - {key} and waited < self.spec.recovery_timeout:
-                self._verdicts[key] = (number, now + VERDICT_GRACE)
+                self._verdicts[key] = (number, now + self.verdict_grace)
                 continue
-            evict = g.suspects(alive, self._troubled.get(number, set()) - failing)
+            troubled_now = self._troubled.get(number, set()) - failing
+            evict = g.suspects(alive, troubled_now) if self.evicts else ()
             if not evict:
                 failing.add(key)
                 self._send(key, StillValid(number))
@@ -298,6 +343,8 @@ class InPlaceGroup(WorkerGroup):
         spawns = [c for c in commands if isinstance(c, g.Spawn)]
         rest = [c for c in commands if not isinstance(c, g.Assign | g.EndWorld | g.Stop | g.Spawn)]
         for command in [*urgent, *spawns, *rest]:
+            if not self._concerns_me(command):
+                continue
             match command:
                 case g.Spawn(slot=None) if self.machine.phase is g.Phase.FORMING:
                     self._later.append(command)  # a new spare waits until the world formed
@@ -311,7 +358,7 @@ class InPlaceGroup(WorkerGroup):
                     )
                     self._send(command.worker, self._world_message(place))
                 case g.EndWorld():
-                    for key in command.workers:
+                    for key in (k for k in command.workers if k.node == self.node):
                         self._verdicts.pop(key, None)
                         self._send(key, WorldEnded(command.generation, command.reason))
                 case g.Stop():
@@ -349,30 +396,38 @@ class InPlaceGroup(WorkerGroup):
                     return Outcome.SUCCEEDED, "all workers succeeded"
         return None
 
+    def _concerns_me(self, command: g.Command) -> bool:
+        """Whether this node acts on ``command`` (each node starts and tells only its own)."""
+        if isinstance(command, g.Spawn | g.Assign | g.Stop):
+            return command.worker.node == self.node
+        return True
+
     def _world_message(self, place: g.Place) -> WorldAssigned:
         return WorldAssigned(
             **dataclasses.asdict(place),
-            store={
-                "kind": "tcp",
-                "host": self._worlds_store.host,
-                "port": self._worlds_store.port,
-                "prefix": f"aioelastic/{self.info.restart_count}/gen{place.generation}",
-            },
+            store=self._world_store(place.generation),
             timeout=self.spec.recovery_timeout / 2,
         )
 
+    def _world_store(self, generation: int) -> dict[str, Any]:
+        """Where generation ``generation``'s store is, as a worker opens it."""
+        return {
+            "kind": "tcp",
+            "host": self._worlds_store.host,
+            "port": self._worlds_store.port,
+            "prefix": f"aioelastic/{self.info.restart_count}/gen{generation}",
+        }
+
     def _pids(self, generation: g.Generation) -> tuple[int, ...]:
-        return tuple(self._linked[key].worker.process.pid for key in generation.members)
+        return tuple(self._pid_of(key) for key in generation.members)
 
     def _replaced(self, replacements: tuple[g.Replacement, ...]) -> tuple[ReplacedWorker, ...]:
         return tuple(
             ReplacedWorker(
                 rank=r.rank,
                 local_rank=r.slot,
-                failed_pid=None
-                if r.replaced is None
-                else self._linked[r.replaced].worker.process.pid,
-                pid=self._linked[r.by].worker.process.pid,
+                failed_pid=None if r.replaced is None else self._pid_of(r.replaced),
+                pid=self._pid_of(r.by),
                 by_spare=r.spare,
             )
             for r in replacements
@@ -380,8 +435,11 @@ class InPlaceGroup(WorkerGroup):
 
     def _send(self, key: g.WorkerKey, message: Message) -> None:
         """Tell a worker something; a worker that is gone will be heard of through its pidfd."""
+        linked = self._linked.get(key)
+        if linked is None:  # a worker of an earlier life of this node (a replica replayed it)
+            return
         try:
-            self._linked[key].link.send(encode(message))
+            linked.link.send(encode(message))
         except (BlockingIOError, OSError) as exc:
             logger.info("could not tell worker %s %s: %s", key, type(message).__name__, exc)
 
@@ -446,6 +504,307 @@ class InPlaceGroup(WorkerGroup):
                     self._tell.send_nowait(_Said(key, message))
 
 
+# -- many nodes -------------------------------------------------------------------------------
+# Across nodes, every agent runs a replica of one machine for the whole job (see "the replicated
+# log" in _generations.py). An *epoch* is one such machine's life: it begins in a rendezvous
+# round in which no node runs in-place workers (its number is that round's), and it lives on
+# through later rounds (nodes lost or joining) until it finishes or falls back to a restart.
+# Each round, every node writes a :class:`NodeRecord` next to its slot in the round's store;
+# :func:`plan_epoch` then tells each node, alike, whether to begin an epoch, stay in its own,
+# join the live one, or leave a stale one.
+
+INPLACE_RECORD_PREFIX = "aioelastic/agent/inplace/"
+"""In a round's store, where each group rank's :class:`NodeRecord` goes."""
+
+LOG_RETRY_PAUSE = 0.5
+"""After a failed store call on the generation log, the pause before trying again (the
+rendezvous fences this node if its store stays away)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """What a node says about itself in a round, under in-place recovery across nodes."""
+
+    node: int
+    """Its rendezvous node id (stable while its agent lives)."""
+    spec: g.NodeSpec
+    epoch: int
+    """The epoch its workers run in (0: none: it has no in-place workers running)."""
+    last_generation: int
+    """The highest generation number it has seen (numbers go on across epochs)."""
+
+    def encode(self) -> bytes:
+        spec = [self.spec.local_world_size, self.spec.spares]
+        return json.dumps([self.node, spec, self.epoch, self.last_generation]).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> NodeRecord:
+        try:
+            node, (size, spares), epoch, last = json.loads(raw)
+            return cls(int(node), g.NodeSpec(int(size), int(spares)), int(epoch), int(last))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"bad in-place node record {raw[:200]!r}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class EpochPlan:
+    """What one node does with a round (see :func:`plan_epoch`)."""
+
+    action: str
+    """``begin`` a new epoch, ``stay`` in its own, ``join`` the live one, ``leave`` a stale one."""
+    epoch: int
+    begin: g.Begin | None = None
+    """For ``begin``: the log's first entry (every node computes the same)."""
+    members: frozenset[int] = frozenset()
+    """The nodes of the round."""
+
+
+def plan_epoch(node: int, records: Sequence[NodeRecord], round_: int) -> EpochPlan:
+    """Decide, as every node of round ``round_`` decides alike, what ``node`` does.
+
+    No node runs an epoch: they begin one numbered ``round_`` with every node of the round.
+    Otherwise the newest live epoch goes on: its nodes stay, nodes without one join it, and a
+    node of an older epoch leaves it (its workers stop; it joins afresh next round).
+    """
+    members = frozenset(r.node for r in records)
+    mine = next(r for r in records if r.node == node)
+    live = max((r.epoch for r in records), default=0)
+    if live == 0:
+        first = 1 + max(r.last_generation for r in records)
+        begin = g.Begin({r.node: r.spec for r in records}, first)
+        return EpochPlan("begin", round_, begin, members)
+    if mine.epoch == live:
+        return EpochPlan("stay", live, members=members)
+    if mine.epoch == 0:
+        return EpochPlan("join", live, members=members)
+    return EpochPlan("leave", mine.epoch, members=members)
+
+
+def job_store(info: RendezvousInfo) -> Store | None:
+    """The run's store under a round's (``store/<round>`` of the elastic handlers), where the
+    generation log outlives rounds; None for a backend that has no such layout."""
+    store = info.store
+    if isinstance(store, PrefixStore) and store.prefix == f"store/{info.round}":
+        return store.store
+    return None
+
+
+class SharedInPlaceGroup(InPlaceGroup):
+    """This node's workers in a job's world over many nodes (see "many nodes" above).
+
+    What this node sees (its workers asking, entering, exiting; nodes lost; deadlines) is
+    appended to the epoch's log; what the log says, in its order, is fed to this node's replica,
+    which says what to do here. The world's store is served on loopback to this node's workers
+    and kept in the job's store, so workers of every node meet in it.
+    """
+
+    evicts = False  # a silent peer may be on another node: only its agent knows it died
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        info: RoundInfo,
+        ranks: list[WorkerRanks],
+        *,
+        job: Store,
+        node: int,
+        records: Sequence[NodeRecord],
+        round_: int,
+        **options: Any,
+    ) -> None:
+        super().__init__(spec, info, ranks, **options)
+        self._job = job
+        self._node_id = node
+        self._plan = plan_epoch(node, records, round_)
+        self.epoch = self._plan.epoch
+        self.running = False
+        self._token = f"{node}-{uuid.uuid4().hex[:12]}"
+
+    @property
+    def verdict_grace(self) -> float:  # type: ignore[override]
+        """A peer's death on another node is known once its agent or the rendezvous says so."""
+        return self.spec.recovery_timeout
+
+    def _setup(self) -> None:
+        self.node = self._node_id
+        self._setup_links()
+        self._remote_pids: dict[g.WorkerKey, int] = {}
+        self._began = self._plan.action == "begin"
+        self._replaying = not self._began
+        self._next = 0
+        self._append_at = 0
+        self._serial = 0
+        self._timed_out: set[int] = set()
+        self._to_append, self._appends = anyio.create_memory_object_stream[
+            tuple[g.Event, int | None]
+        ](math.inf)
+
+    async def run(
+        self,
+        other: Callable[[], Awaitable[tuple[Outcome, str]]],
+        *,
+        shutdown: Callable[[], int | None],
+        kill_now: anyio.Event,
+    ) -> tuple[Outcome, str]:
+        if self._plan.action not in ("begin", "join"):
+            raise AssertionError(f"a new group cannot {self._plan.action} an epoch")
+        self.running = True
+        try:
+            return await super().run(other, shutdown=shutdown, kill_now=kill_now)
+        finally:
+            self.running = False
+
+    @asynccontextmanager
+    async def _worlds_served(self) -> AsyncIterator[None]:
+        scope = PrefixStore(f"aioelastic/inplace/{self.epoch}", self._job)
+        self._log = PrefixStore("log", scope)
+        with self._to_append, self._appends:
+            async with TorchStoreListener(PrefixStore("worlds", scope)) as self._worlds_listener:
+                await self._open_log()
+                yield
+
+    async def _open_log(self) -> None:
+        """Begin the epoch's log, or read its beginning to replay it (joining)."""
+        begin = self._plan.begin
+        if begin is not None:
+            stored = await self._log.compare_set("0", b"", g.encode_entry(g.LogEntry(begin)))
+        else:
+            stored = await self._log.get("0", timeout=self.spec.recovery_timeout)
+        first = g.decode_entry(stored).event
+        if not isinstance(first, g.Begin):
+            raise g.GenerationLogError(stored, "the log of an epoch must begin with Begin")
+        self.machine = g.GenerationMachine(
+            first.nodes,
+            recovery_timeout=self.spec.recovery_timeout,
+            first_generation=first.first_generation,
+        )
+        self._next = self._append_at = 1
+        if self._replaying:
+            self.machine.start(anyio.current_time())  # replayed: the workers it names are gone
+            spec = g.NodeSpec(self.spec.local_world_size, self.spec.spares)
+            self._record(g.NodeLost(self.node), 0.0)  # an earlier life of this node, if any
+            self._record(g.NodeJoined(self.node, spec), 0.0)
+
+    def new_round(self, records: Sequence[NodeRecord], round_: int) -> tuple[Outcome, str] | None:
+        """A later round completed while the epoch runs: nodes gone from it are lost (their
+        workers leave the world, the survivors go on); an outcome if this node must leave."""
+        plan = plan_epoch(self.node, records, round_)
+        if plan.action != "stay":
+            return Outcome.FAILED, (
+                f"this node's in-place epoch {self.epoch} is not the job's live one "
+                f"({plan.epoch}); its workers restart"
+            )
+        if not self._replaying:
+            for node in self.machine.nodes:
+                if node not in plan.members:
+                    self._record(g.NodeLost(node), anyio.current_time())
+        return None
+
+    # -- the log ----------------------------------------------------------------------------------
+
+    def _start_workers(self, pumps: TaskGroup, watchers: TaskGroup) -> None:
+        if self._began:
+            super()._start_workers(pumps, watchers)
+        else:  # a joining node's workers are started when its NodeJoined is read back
+            self._pumps, self._watchers = pumps, watchers
+
+    async def _wait_workers(self) -> tuple[Outcome, str]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._follow_log)
+            tg.start_soon(self._append_each)
+            ended = await super()._wait_workers()
+            tg.cancel_scope.cancel()
+        return ended
+
+    def _record(self, event: g.Event, now: float, *, pid: int | None = None) -> list[g.Command]:
+        self._to_append.send_nowait((event, pid))
+        return []  # what it means comes back through the log, in the log's order
+
+    async def _append_each(self) -> None:
+        """Append what this node saw, in the order it saw it (compare-and-set on the next free
+        index: an entry is whole or absent, whoever races for it)."""
+        async for event, pid in self._appends:
+            raw = g.encode_entry(g.LogEntry(event, self._token, self._serial, pid))
+            self._serial += 1
+            index = max(self._next, self._append_at)
+            while True:
+                try:
+                    stored = await self._log.compare_set(str(index), b"", raw)
+                except StoreError as exc:
+                    logger.warning("generation log: appending failed (%s); trying again", exc)
+                    await anyio.sleep(LOG_RETRY_PAUSE)
+                    continue
+                index += 1
+                if stored == raw:
+                    break
+            self._append_at = index
+
+    async def _follow_log(self) -> None:
+        """Read the log in order, waiting on the store for each next entry."""
+        while True:
+            try:
+                raw = await self._log.get(str(self._next), timeout=math.inf)
+            except StoreError as exc:
+                logger.warning("generation log: reading failed (%s); reading again", exc)
+                await anyio.sleep(LOG_RETRY_PAUSE)
+                continue
+            self._next += 1
+            try:
+                entry = g.decode_entry(raw)
+            except g.GenerationLogError as exc:  # every replica skips it alike
+                logger.warning("generation log entry %d skipped: %s", self._next - 1, exc)
+                continue
+            self._tell.send_nowait(_Logged(entry))
+
+    def _hear(self, notice: _Notice, now: float) -> list[g.Command]:
+        if not isinstance(notice, _Logged):
+            return super()._hear(notice, now)
+        entry, event = notice.entry, notice.entry.event
+        if isinstance(event, g.Begin):
+            return []
+        if isinstance(event, g.Ready) and entry.pid is not None:
+            self._remote_pids[event.worker] = entry.pid
+        try:
+            commands = self.machine.send(event, now)
+        except g.GenerationProtocolError as exc:  # every replica refuses it alike
+            logger.warning("generation log entry refused: %s", exc)
+            return []
+        if self._replaying:
+            if entry.by == self._token and isinstance(event, g.NodeJoined):
+                self._replaying = False  # caught up: from here on this replica acts
+                return commands
+            return []
+        return commands
+
+    def _next_deadline(self) -> float:
+        generation = self.machine.generation
+        if self._replaying or generation is None or generation.number in self._timed_out:
+            return math.inf
+        return self.machine.deadline
+
+    def _on_deadline(self, now: float) -> list[g.Command]:
+        generation = self.machine.generation
+        if generation is not None and now >= self._next_deadline():
+            self._timed_out.add(generation.number)
+            self._record(g.TimedOut(generation.number), now)
+        return []
+
+    def _pid_of(self, key: g.WorkerKey) -> int:
+        return super()._pid_of(key) or self._remote_pids.get(key, 0)
+
+    def _linked_pids(self) -> dict[g.WorkerKey, int]:
+        return {**self._remote_pids, **super()._linked_pids()}
+
+    def _world_store(self, generation: int) -> dict[str, Any]:
+        listener = self._worlds_listener
+        return {
+            "kind": "tcp",
+            "host": listener.host,
+            "port": listener.port,
+            "prefix": f"gen{generation}",
+        }
+
+
 class Attempts:
     """Makes each attempt's worker group: in-place recovery where asked for and possible.
 
@@ -460,17 +819,70 @@ class Attempts:
         self.last_generation = 0
         self._current: InPlaceGroup | None = None
         self._warned = False
+        self._heard: tuple[RendezvousInfo, tuple[NodeRecord, ...]] | None = None
+
+    @property
+    def node_id(self) -> int | None:
+        """This node's id when its job recovers in place across nodes (an elastic rendezvous
+        that allows more than one node), else None."""
+        handler = self.spec.rdzv_handler
+        if self.spec.recovery != "in-place" or not isinstance(handler, ElasticRendezvousHandler):
+            return None
+        return handler.node_id if handler.settings.max_nodes > 1 else None
+
+    def record(self) -> NodeRecord | None:
+        """What this node says of itself in the round being assigned (None: not across nodes)."""
+        node = self.node_id
+        if node is None:
+            return None
+        current = self._current
+        epoch, last = 0, self.last_generation
+        if isinstance(current, SharedInPlaceGroup) and current.running:
+            epoch = current.epoch
+            if current.machine.generation is not None:
+                last = max(last, current.machine.generation.number)
+        spec = g.NodeSpec(self.spec.local_world_size, self.spec.spares)
+        return NodeRecord(node, spec, epoch, last)
+
+    def heard(self, info: RendezvousInfo, records: Sequence[NodeRecord]) -> None:
+        """Every node's record of round ``info`` (the agent exchanges them with the slots)."""
+        self._heard = (info, tuple(records))
+
+    def new_round(self) -> tuple[Outcome, str] | None:
+        """Tell the running shared group of the round just heard; an outcome if it must end."""
+        current = self._current
+        assert isinstance(current, SharedInPlaceGroup)
+        assert self._heard is not None
+        info, records = self._heard
+        return current.new_round(records, info.round)
 
     def group(self, info: RoundInfo, ranks: list[WorkerRanks], **options: Any) -> WorkerGroup:
         """The group of the attempt ``info`` (``options`` as :class:`WorkerGroup` takes them)."""
         self._note_last()
         if self.spec.recovery != "in-place":
             return WorkerGroup(self.spec, info, ranks, **options)
+        node, heard = self.node_id, self._heard
+        job = None if heard is None else job_store(heard[0])
+        if node is not None and heard is not None and job is not None:
+            shared = SharedInPlaceGroup(
+                self.spec,
+                info,
+                ranks,
+                job=job,
+                node=node,
+                records=heard[1],
+                round_=heard[0].round,
+                **options,
+            )
+            shared.store = self.store
+            self._current = shared
+            return shared
         if info.group_world_size > 1:
             if not self._warned:
                 logger.warning(
-                    "--recovery in-place recovers a single node's job so far; with %d nodes a "
-                    "failure restarts the group as --recovery restart does",
+                    "--recovery in-place recovers a job over %d nodes only with an elastic "
+                    "rendezvous (c10d, etcd); here a failure restarts the group as --recovery "
+                    "restart does",
                     info.group_world_size,
                 )
                 self._warned = True
@@ -483,5 +895,6 @@ class Attempts:
 
     def _note_last(self) -> None:
         current, self._current = self._current, None
-        if current is not None and current.machine.generation is not None:
-            self.last_generation = current.machine.generation.number
+        machine = getattr(current, "machine", None)  # a shared group that never opened has none
+        if machine is not None and machine.generation is not None:
+            self.last_generation = machine.generation.number

@@ -34,7 +34,11 @@ def main() -> None:
     print(f"asking pid {os.getpid()}", flush=True)
     for world in worker.worlds():
         with world:
-            print(f"gen {world.generation} rank {world.rank} pid {os.getpid()}", flush=True)
+            print(
+                f"gen {world.generation} rank {world.rank} pid {os.getpid()} "
+                f"size {world.world_size}",
+                flush=True,
+            )
             while not options.exit_when.exists():
                 world.check()
                 time.sleep(0.02)  # the step's "compute"

@@ -1,0 +1,200 @@
+"""``--recovery in-place`` across nodes: three real agents over c10d and over a real etcd.
+
+The workers are plain Python (``workers/inplace_plain.py``); their lines say each world's
+generation, rank, pid and size. The c10d store is served by its own process, so an agent's
+death does not take the job's store with it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelastic.agent._generations import Begin, NodeSpec
+from aioelastic.agent._recovery import NodeRecord, plan_epoch
+from tests.agent.conftest import BOUND, free_port, launched, wait_gone
+from tests.agent.test_inplace import TORCH_WORKER, check_every_sum, members
+
+pytestmark = pytest.mark.anyio
+
+PLAIN_WORKER = str(Path(__file__).parent / "workers" / "inplace_plain.py")
+CONF = "last_call_timeout=0.5,heartbeat_timeout=3,keep_alive_interval=0.5,close_timeout=2"
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio")])
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """The tests only drive subprocesses."""
+    return request.param
+
+
+@pytest.fixture(params=["c10d", pytest.param("etcd", marks=pytest.mark.etcd)])
+async def rendezvous(request: pytest.FixtureRequest) -> AsyncIterator[list[str]]:
+    """The rendezvous flags of a fresh job: a c10d store process, or the session's etcd."""
+    run_id = f"inplace-{uuid.uuid4().hex[:8]}"
+    if request.param == "etcd":
+        etcd = request.getfixturevalue("etcd_server")
+        yield ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints, "--rdzv-id", run_id]
+        return
+    port = free_port()
+    async with launched("--port", str(port), command="store-server") as store:
+        await store.out.wait_for("listening")
+        yield [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            run_id,
+        ]
+
+
+def worlds(text: str) -> dict[int, dict[int, int]]:
+    """Generation -> {rank: pid}, from every worker's lines."""
+    found: dict[int, dict[int, int]] = {}
+    for gen, rank, pid in re.findall(r"gen (\d+) rank (\d+) pid (\d+)", text):
+        found.setdefault(int(gen), {})[int(rank)] = int(pid)
+    return found
+
+
+def job_argv(rendezvous: list[str], finish: Path) -> list[str]:
+    """One agent of a 2:3-node in-place job, one plain worker per node, until ``finish`` exists."""
+    return [
+        "--nnodes", "2:3", "--nproc-per-node", "1", *rendezvous, "--rdzv-conf", CONF,
+        "--recovery", "in-place", PLAIN_WORKER, "--exit-when", str(finish),
+    ]  # fmt: skip
+
+
+def sized(text: str, size: int) -> dict[int, int]:
+    """The {rank: pid} of the last generation of ``size`` workers in ``text``."""
+    found = [m for _, m in sorted(worlds(text).items()) if len(m) == size]
+    assert found, f"no generation of {size} in {text!r}"
+    return found[-1]
+
+
+async def test_a_node_lost_leaves_the_others_training_in_a_smaller_world(
+    rendezvous: list[str], tmp_path: Path
+) -> None:
+    """One of three agents is SIGKILLed: the other two nodes' workers go on in a world of 2,
+    in the same processes (no restart), and finish."""
+    finish = tmp_path / "finish"
+    argv = job_argv(rendezvous, finish)
+    with anyio.fail_after(BOUND * 2):
+        async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+            for run in (a, b, c):
+                await run.out.wait_for("size 3")
+            before = sized(a.out.text + b.out.text + c.out.text, 3)
+            c.send_signal(signal.SIGKILL)
+            for run in (a, b):
+                await run.out.wait_for("size 2")
+            finish.touch()
+            statuses = [await a.wait(), await b.wait()]
+        for pid in re.findall(r"asking pid (\d+)", c.out.text):
+            await wait_gone(int(pid))  # the killed agent's worker died with it
+    assert statuses == [0, 0], (a, b)
+    after = sized(a.out.text + b.out.text, 2)
+    assert set(after) == {0, 1}
+    assert set(after.values()) < set(before.values())  # the survivors' own processes
+    for run in (a, b):
+        assert "restarting" not in run.err.text
+        assert "done pid" in run.out.text
+        assert run.out.text.count("asking pid") == 1  # one worker process per node, ever
+        assert "was lost" in run.err.text
+
+
+async def test_a_node_joining_scales_up_in_place(rendezvous: list[str], tmp_path: Path) -> None:
+    """A third agent joins a running 2-node job: the job goes on as a world of 3 with the first
+    two nodes' workers in their processes, and the newcomer's worker fresh."""
+    finish = tmp_path / "finish"
+    argv = job_argv(rendezvous, finish)
+    with anyio.fail_after(BOUND * 2):
+        async with launched(*argv) as a, launched(*argv) as b:
+            for run in (a, b):
+                await run.out.wait_for("size 2")
+            before = sized(a.out.text + b.out.text, 2)
+            async with launched(*argv) as c:
+                for run in (a, b, c):
+                    await run.out.wait_for("size 3")
+                finish.touch()
+                statuses = [await a.wait(), await b.wait(), await c.wait()]
+    assert statuses == [0, 0, 0], (a, b, c)
+    after = sized(a.out.text + b.out.text + c.out.text, 3)
+    assert set(after) == {0, 1, 2}
+    assert set(before.values()) < set(after.values())
+    assert [after[rank] for rank in (0, 1)] == [before[rank] for rank in (0, 1)]
+    for run in (a, b):
+        assert "restarting" not in run.err.text
+        assert run.out.text.count("asking pid") == 1
+
+
+def records(*nodes: tuple[int, int]) -> list[NodeRecord]:
+    """Records of nodes given as (node, epoch), one worker each, last generation = node."""
+    return [NodeRecord(node, NodeSpec(1), epoch, node) for node, epoch in nodes]
+
+
+def test_a_round_where_nobody_runs_an_epoch_begins_one_alike_for_everyone() -> None:
+    """No node runs workers: each begins epoch <round> with every node, numbers going on."""
+    plans = [plan_epoch(node, records((1, 0), (4, 0)), 7) for node in (1, 4)]
+    assert plans[0] == plans[1]
+    assert plans[0].action == "begin"
+    assert plans[0].epoch == 7
+    assert plans[0].begin == Begin({1: NodeSpec(1), 4: NodeSpec(1)}, first_generation=5)
+
+
+@pytest.mark.parametrize(
+    ("node", "action", "epoch"),
+    [(1, "stay", 5), (2, "join", 5), (3, "leave", 3)],
+)
+def test_the_newest_live_epoch_goes_on(node: int, action: str, epoch: int) -> None:
+    """Its nodes stay, nodes without one join it, a node of an older one leaves that one."""
+    plan = plan_epoch(node, records((1, 5), (2, 0), (3, 3)), 9)
+    assert (plan.action, plan.epoch, plan.members) == (action, epoch, frozenset({1, 2, 3}))
+
+
+def test_a_bad_node_record_is_an_error_that_shows_it() -> None:
+    """A record that does not decode names its bytes."""
+    with pytest.raises(ValueError, match=r"bad in-place node record b'\[1, 2\]'"):
+        NodeRecord.decode(b"[1, 2]")
+    record = NodeRecord(3, NodeSpec(2, 1), 4, 6)
+    assert NodeRecord.decode(record.encode()) == record
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+async def test_gloo_survivors_of_a_lost_node_train_on_in_a_smaller_world() -> None:
+    """Three gloo workers on three nodes; a node is lost mid-training: the other two leave
+    their broken collective, form a world of 2 in their processes, and every step's all_reduce
+    sums exactly its generation's members."""
+    port = free_port()
+    async with launched("--port", str(port), command="store-server") as store:
+        await store.out.wait_for("listening")
+        rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        argv = [
+            "--nnodes", "2:3", "--nproc-per-node", "1", *rdzv, "--rdzv-id", "gloo-nodes",
+            "--rdzv-conf", CONF, "--recovery", "in-place", TORCH_WORKER, "--steps", "40",
+        ]  # fmt: skip
+        with anyio.fail_after(BOUND * 3):
+            async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+                await c.out.wait_for("step 3 sum")
+                c.send_signal(signal.SIGKILL)
+                statuses = [await a.wait(), await b.wait()]
+    assert statuses == [0, 0], (a, b)
+    text = a.out.text + b.out.text + c.out.text
+    first = members(text, 1)
+    survivors = {pid for pid in first.values() if f"done pid {pid}" in text}
+    assert len(first) == 3
+    assert len(survivors) == 2
+    last = max(int(gen) for gen in re.findall(r"gen (\d+) rank \d+ of", text))
+    assert set(members(text, last).values()) == survivors  # the same processes, no restart
+    steps = check_every_sum(text)
+    assert steps[1] > 0
+    assert steps[last] > 0
+    for run in (a, b):
+        assert "restarting" not in run.err.text
