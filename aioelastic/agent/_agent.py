@@ -65,6 +65,7 @@ from aioelastic.agent._events import (
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup
 from aioelastic.agent._guardian import Guardian, guardian_for
 from aioelastic.agent._logs import console_writer, make_run_log_dir
+from aioelastic.agent._policy import Decision, Step, after_attempt
 from aioelastic.agent._recovery import (
     INPLACE_RECORD_PREFIX,
     Attempts,
@@ -376,8 +377,9 @@ class ElasticAgent(Service):
             self._attempts.store = info.store  # where in-place recovery shows its generation
             assigned = await self._assign_unless_invalidated(info)
             if isinstance(assigned[0], Outcome):  # a member never showed up; the round moved on
-                if assigned[0] is Outcome.CLOSED:
-                    return self._result(RunState.FAILED, reason=assigned[1])
+                early = self._decide(assigned[0], assigned[1])
+                if early.step is Step.END:
+                    return self._result(RunState.FAILED, reason=early.reason)
                 self._membership_changes += 1
                 continue
             round_info, ranks = assigned
@@ -386,24 +388,33 @@ class ElasticAgent(Service):
             assert self._worker_store is not None
             async with self._worker_store.attempt(info, round_info) as round_info:
                 group, outcome, detail = await self._run_attempt(round_info, ranks)
-            if outcome is Outcome.SUCCEEDED:
-                await self._exit_barrier(self._info or info)
-                return self._result(RunState.SUCCEEDED, group, reason=detail)
-            if outcome in (Outcome.MEMBERSHIP, Outcome.FENCED):
-                self._membership_changes += 1
-                continue
-            if outcome is Outcome.CLOSED:
-                return self._result(RunState.FAILED, group, reason=detail)
-            if self._restart_count < self.spec.max_restarts:
-                self._restart_count += 1
-                self._emit(GroupRestarting(self._restart_count, self.spec.max_restarts))
-                continue
-            reason = f"restarts exhausted ({self.spec.max_restarts} allowed)"
-            try:
-                await handler.set_closed()
-            except RendezvousError as exc:
-                reason += f"; the other nodes were not told (closing failed: {exc})"
-            return self._result(RunState.FAILED, group, reason=reason)
+            decision = self._decide(outcome, detail)
+            match decision.step:
+                case Step.SUCCEED:
+                    await self._exit_barrier(self._info or info)
+                    return self._result(RunState.SUCCEEDED, group, reason=decision.reason)
+                case Step.REJOIN:
+                    self._membership_changes += 1
+                case Step.END:
+                    return self._result(RunState.FAILED, group, reason=decision.reason)
+                case Step.RESTART:
+                    self._restart_count += 1
+                    self._emit(GroupRestarting(self._restart_count, self.spec.max_restarts))
+                case Step.GIVE_UP:
+                    reason = decision.reason
+                    try:
+                        await handler.set_closed()
+                    except RendezvousError as exc:
+                        reason += f"; the other nodes were not told (closing failed: {exc})"
+                    return self._result(RunState.FAILED, group, reason=reason)
+
+    def _decide(self, outcome: Outcome, detail: str) -> Decision:
+        return after_attempt(
+            outcome,
+            detail,
+            restart_count=self._restart_count,
+            max_restarts=self.spec.max_restarts,
+        )
 
     def _result(
         self, state: RunState, group: WorkerGroup | None = None, *, reason: str

@@ -8,6 +8,7 @@ death does not take the job's store with it.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import signal
 import uuid
@@ -64,11 +65,14 @@ def worlds(text: str) -> dict[int, dict[int, int]]:
     return found
 
 
-def job_argv(rendezvous: list[str], finish: Path) -> list[str]:
-    """One agent of a 2:3-node in-place job, one plain worker per node, until ``finish`` exists."""
+def job_argv(
+    rendezvous: list[str], finish: Path, *options: str, worker: tuple[str, ...] = ()
+) -> list[str]:
+    """One agent (with ``options``) of a 2:3-node in-place job, one plain worker per node
+    (with ``worker`` options) until ``finish`` exists."""
     return [
         "--nnodes", "2:3", "--nproc-per-node", "1", *rendezvous, "--rdzv-conf", CONF,
-        "--recovery", "in-place", PLAIN_WORKER, "--exit-when", str(finish),
+        "--recovery", "in-place", *options, PLAIN_WORKER, "--exit-when", str(finish), *worker,
     ]  # fmt: skip
 
 
@@ -198,3 +202,63 @@ async def test_gloo_survivors_of_a_lost_node_train_on_in_a_smaller_world() -> No
     assert steps[last] > 0
     for run in (a, b):
         assert "restarting" not in run.err.text
+
+
+async def test_a_worker_failure_on_one_node_moves_every_node_to_the_next_generation(
+    rendezvous: list[str], tmp_path: Path
+) -> None:
+    """A worker on one of three nodes is killed: only it is replaced; the other nodes' workers
+    enter the next generation in their processes, with their ranks."""
+    finish = tmp_path / "finish"
+    argv = job_argv(rendezvous, finish)
+    with anyio.fail_after(BOUND * 2):
+        async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+            for run in (a, b, c):
+                await run.out.wait_for("size 3")
+            victim = int(re.findall(r"asking pid (\d+)", b.out.text)[0])
+            os.kill(victim, signal.SIGKILL)
+            for run in (a, b, c):
+                await run.out.wait_for("gen 2 rank")
+            finish.touch()
+            statuses = [await a.wait(), await b.wait(), await c.wait()]
+    assert statuses == [0, 0, 0], (a, b, c)
+    found = worlds(a.out.text + b.out.text + c.out.text)
+    before, after = found[1], found[2]
+    assert set(after) == {0, 1, 2}
+    rank = next(r for r, pid in before.items() if pid == victim)
+    assert after[rank] != victim
+    assert {r: p for r, p in after.items() if r != rank} == {
+        r: p for r, p in before.items() if r != rank
+    }
+    for run in (a, c):
+        assert run.out.text.count("asking pid") == 1
+    assert b.out.text.count("asking pid") == 2  # the replacement, on the failed worker's node
+    for run in (a, b, c):
+        assert "restarting" not in run.err.text
+
+
+async def test_a_generation_across_nodes_that_does_not_form_falls_back_to_a_restart_of_all(
+    tmp_path: Path,
+) -> None:
+    """The replacement hangs: after --recovery-timeout every agent falls back alike, restarts
+    its workers (one restart each), and the job forms a new world of 3 and finishes."""
+    port, finish, hang = free_port(), tmp_path / "finish", tmp_path / "hang"
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ladder"]
+    options = ("--recovery-timeout", "4", "--max-restarts", "1")
+    argv = job_argv(rdzv, finish, *options, worker=("--hang-once", str(hang)))
+    async with launched("--port", str(port), command="store-server") as store:
+        await store.out.wait_for("listening")
+        with anyio.fail_after(BOUND * 2):
+            async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+                for run in (a, b, c):
+                    await run.out.wait_for("size 3")
+                hang.write_text("")
+                os.kill(int(re.findall(r"asking pid (\d+)", b.out.text)[0]), signal.SIGKILL)
+                for run in (a, b, c):
+                    await run.err.wait_for("restarting the worker group (1/1)")
+                    await run.out.wait_for("size 3", count=2)
+                finish.touch()
+                statuses = [await a.wait(), await b.wait(), await c.wait()]
+    assert statuses == [0, 0, 0], (a, b, c)
+    for run in (a, b, c):
+        assert "did not form within 4 s" in run.err.text

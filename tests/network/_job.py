@@ -186,7 +186,11 @@ class Job:
         conf: str,
         nnodes: str,
         beat: float = 0.0,
+        options: Sequence[str] = (),
+        script: Path | None = None,
     ) -> None:
+        """Start an agent on each of ``hosts`` (``options`` added to its flags) running
+        ``script`` (default: :data:`WORKER`)."""
         for host in hosts:
             env = {
                 **os.environ,
@@ -200,7 +204,7 @@ class Job:
                 "--nnodes", nnodes, "--nproc-per-node", "1",
                 "--rdzv-backend", backend, "--rdzv-endpoint", endpoint, "--rdzv-id", "job",
                 "--rdzv-conf", conf, "--local-addr", host.addr, "--max-restarts", "0",
-                str(self.script),
+                *options, str(script or self.script),
             ]  # fmt: skip
             process = await host.start(
                 argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT

@@ -1,0 +1,101 @@
+"""In-place recovery through another host's partition: the survivors keep their processes.
+
+Three hosts (network namespaces), an ``aioelastic run --recovery in-place`` agent on each over
+c10d (the store on host 0), one worker per host that reports each world it enters to the
+test's collector (``_job.py``) as its *round* (the generation), rank and world size, and holds
+the report open while it is in that world: the records show which worlds are live at every
+instant, so two live worlds sharing a rank would be seen.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aioelastic.testing import Network
+from tests.network._job import Collector, Job
+from tests.network.test_partitions import CONF, HEARTBEAT, SLACK
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("netns")]
+
+IN_PLACE_WORKER = """
+import json, os, socket, time
+from aioelastic import worker
+for world in worker.worlds():
+    with world:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(os.environ["COLLECTOR"])
+        record = {"host_addr": os.environ["HOST_ADDR"], "aioelastic_round": world.generation,
+                  "rank": world.rank, "world_size": world.world_size, "group_rank": "",
+                  "pid": os.getpid(), "started": time.time()}
+        sock.sendall(json.dumps(record).encode() + b"\\n")
+        try:
+            while True:
+                world.check()
+                time.sleep(0.05)
+        finally:
+            sock.close()
+"""
+"""A worker that reports each world it is in, for as long as it is in it."""
+
+
+@pytest.fixture
+async def job() -> AsyncIterator[Job]:
+    """Three hosts and a collector (in a short directory: UNIX socket paths are short)."""
+    workdir = Path(tempfile.mkdtemp(prefix="aioe-"))
+    collector = Collector(workdir / "records.sock")
+    try:
+        async with Network(3) as net, anyio.create_task_group() as tg:
+            await tg.start(collector.serve)
+            job = Job(net, workdir, collector)
+            script = workdir / "inplace_worker.py"
+            script.write_text(IN_PLACE_WORKER)
+            endpoint = await job.endpoint("c10d", net.hosts)
+            await job.start(
+                tg,
+                net.hosts,
+                backend="c10d",
+                endpoint=endpoint,
+                conf=CONF,
+                nnodes="2:3",
+                options=("--recovery", "in-place"),
+                script=script,
+            )
+            yield job
+            await job.stop()
+            tg.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def test_survivors_keep_their_processes_through_another_hosts_partition(job: Job) -> None:
+    """Host 2 cut off: it fences its worker; hosts 0 and 1 go on in a world of 2 with the same
+    worker processes; after the heal host 2 is taken back in, again without a restart of the
+    survivors, and no two live worlds ever shared a rank."""
+    net, records = job.net, job.collector
+    a, b, c = net.hosts
+    await records.wait_for(lambda: records.world(net.hosts))
+    first = {w.host: w for w in records.live}
+    cut_at = time.time()
+    await net.cut(c)
+    fenced_at = await job.wait_said(c, "fenced:", after=cut_at)
+    smaller = await records.wait_for(lambda: records.world([a, b]))
+    await net.heal()
+    larger = await records.wait_for(lambda: records.world(net.hosts))
+    assert records.split_brains == [], job.consoles()
+    survivors = {first[h.addr].pid for h in (a, b)}
+    assert {w.pid for w in smaller} == survivors, job.consoles()
+    assert survivors < {w.pid for w in larger}, job.consoles()
+    assert first[c.addr].pid not in {w.pid for w in larger}  # fenced: killed, a new one joined
+    assert fenced_at - cut_at <= HEARTBEAT + SLACK
+    stale = first[c.addr]
+    assert stale.ended is not None
+    assert stale.ended <= min(w.started for w in smaller)
+    for host in (a, b):
+        assert "restarting" not in job.agent(host).console
