@@ -30,6 +30,7 @@ ended, stop a worker, report.
 * **Membership.** A lost node (its agent died, or the rendezvous lost it) removes its workers
   and makes a smaller generation. A joining node's workers are started and join the *next*
   generation once all of them are ready; the running generation is not disturbed meanwhile.
+  A node joining before generation 1 was assigned is simply one of generation 1's.
 * **A storm.** More than ``max_failures`` member failures in one attempt fall back too, so a
   failure that every fresh rank meets again ends in the restart budget, not in a loop.
 * **The end.** Every member of the running generation exiting 0 finishes the job (spares are
@@ -314,8 +315,8 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         Ready: frozenset({Phase.WAITING, Phase.FORMING, Phase.FELL_BACK}),
         Exited: frozenset({Phase.WAITING, Phase.FINISHED, Phase.FELL_BACK}),
         Entered: frozenset({Phase.WAITING}),
-        NodeLost: frozenset({Phase.FELL_BACK}),
-        NodeJoined: frozenset({Phase.FELL_BACK}),
+        NodeLost: frozenset({Phase.WAITING, Phase.FELL_BACK}),
+        NodeJoined: frozenset({Phase.WAITING}),
         Tick: frozenset({Phase.WAITING}),
         TimedOut: frozenset({Phase.WAITING}),
     },
@@ -621,7 +622,7 @@ class GenerationMachine:
     def _node_lost(self, node: int, now: float) -> list[Command]:
         state = self._nodes.pop(node, None)
         if state is None:
-            return []
+            return []  # a node never in the job (a joining agent says so before it joins)
         for worker in self._workers.values():
             if worker.key.node == node and worker.state not in (WorkerState.DONE, WorkerState.GONE):
                 worker.state = WorkerState.GONE
@@ -638,16 +639,18 @@ class GenerationMachine:
         )
 
     def _node_joined(self, event: NodeJoined, now: float) -> list[Command]:
-        if self.phase is Phase.WAITING:
-            return self._fall_back(f"node {event.node} joined before generation 1 was assigned")
         if event.node in self._nodes:
             raise GenerationProtocolError(
                 event, self.phase, f"node {event.node} is already in the job"
             )
-        state = _Node(event.spec, serial=self._next_serial_after(event.node), in_world=False)
+        waiting = self.phase is Phase.WAITING  # before generation 1: the node is one of its own
+        serial = self._next_serial_after(event.node)
+        state = _Node(event.spec, serial=serial, in_world=waiting)
         self._nodes[event.node] = state
         self._nodes = dict(sorted(self._nodes.items()))
-        return self._spawn_node(event.node, state, joiner=True)
+        if waiting:
+            self._first[WorkerState.STARTING] += event.spec.local_world_size
+        return self._spawn_node(event.node, state, joiner=not waiting)
 
     # -- making generations ---------------------------------------------------------------------
 

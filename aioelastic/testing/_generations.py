@@ -150,7 +150,6 @@ class WorldSimulation:
 
     def join_node(self, node: int, spec: NodeSpec) -> None:
         """A new node's agent joins the job (replicated: it replays the log first)."""
-        self.specs[node] = spec
         if self.replicas:
             late = GenerationMachine(self._initial, recovery_timeout=self.recovery_timeout)
             late.start(self.clock.now())
@@ -159,6 +158,8 @@ class WorldSimulation:
                 assert not isinstance(logged, Begin)
                 late.send(logged, self.clock.now())
             self.replicas.append(late)
+            self._send(NodeLost(node))  # as a joining agent does: an earlier life of it is gone
+        self.specs[node] = spec
         self._send(NodeJoined(node, spec))
 
     def advance(self, seconds: float) -> None:

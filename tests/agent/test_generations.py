@@ -470,3 +470,16 @@ def test_a_node_lost_and_rejoining_keeps_the_survivors_on_every_replica() -> Non
     assert larger.world_size == 4
     assert set(smaller.members) < set(larger.members)
     assert [larger.members[r] for r in range(3)] == list(smaller.members)
+
+
+def test_a_node_joining_before_generation_one_is_one_of_its_own() -> None:
+    """A node joins while the first workers still start: generation 1 waits for it too."""
+    sim = WorldSimulation({0: NodeSpec(1), 1: NodeSpec(1)}, replicas=2)
+    sim.ready(sim.waiting()[0])
+    sim.join_node(5, NodeSpec(2))
+    sim.enter_all()
+    generation = sim.machine.generation
+    assert generation is not None
+    assert generation.number == 1
+    assert [k.node for k in generation.members] == [0, 1, 5, 5]
+    assert sim.fallback is None

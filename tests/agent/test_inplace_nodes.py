@@ -7,12 +7,13 @@ death does not take the job's store with it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 
 from aioelastic.agent._generations import Begin, NodeSpec
 from aioelastic.agent._recovery import NodeRecord, plan_epoch
-from tests.agent.conftest import BOUND, free_port, launched, wait_gone
+from tests.agent.conftest import BOUND, Launched, free_port, launched, wait_gone
 from tests.agent.test_inplace import TORCH_WORKER, check_every_sum, members
 
 pytestmark = pytest.mark.anyio
@@ -55,6 +56,26 @@ async def rendezvous(request: pytest.FixtureRequest) -> AsyncIterator[list[str]]
             "--rdzv-id",
             run_id,
         ]
+
+
+_RUNS: list[Launched] = []
+
+
+@contextlib.asynccontextmanager
+async def agent(*argv: str) -> AsyncIterator[Launched]:
+    """An ``aioelastic run`` agent whose consoles are shown if the test fails."""
+    async with launched(*argv) as run:
+        _RUNS.append(run)
+        yield run
+
+
+@pytest.fixture(autouse=True)
+def consoles() -> Iterator[None]:
+    """Print every agent's consoles after the test (pytest shows them when it failed)."""
+    _RUNS.clear()
+    yield
+    for index, run in enumerate(_RUNS):
+        print(f"--- agent {index} stderr\n{run.err.text}\n--- agent {index} stdout\n{run.out.text}")
 
 
 def worlds(text: str) -> dict[int, dict[int, int]]:
@@ -91,7 +112,7 @@ async def test_a_node_lost_leaves_the_others_training_in_a_smaller_world(
     finish = tmp_path / "finish"
     argv = job_argv(rendezvous, finish)
     with anyio.fail_after(BOUND * 2):
-        async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+        async with agent(*argv) as a, agent(*argv) as b, agent(*argv) as c:
             for run in (a, b, c):
                 await run.out.wait_for("size 3")
             before = sized(a.out.text + b.out.text + c.out.text, 3)
@@ -119,11 +140,11 @@ async def test_a_node_joining_scales_up_in_place(rendezvous: list[str], tmp_path
     finish = tmp_path / "finish"
     argv = job_argv(rendezvous, finish)
     with anyio.fail_after(BOUND * 2):
-        async with launched(*argv) as a, launched(*argv) as b:
+        async with agent(*argv) as a, agent(*argv) as b:
             for run in (a, b):
                 await run.out.wait_for("size 2")
             before = sized(a.out.text + b.out.text, 2)
-            async with launched(*argv) as c:
+            async with agent(*argv) as c:
                 for run in (a, b, c):
                     await run.out.wait_for("size 3")
                 finish.touch()
@@ -176,16 +197,20 @@ async def test_gloo_survivors_of_a_lost_node_train_on_in_a_smaller_world() -> No
     """Three gloo workers on three nodes; a node is lost mid-training: the other two leave
     their broken collective, form a world of 2 in their processes, and every step's all_reduce
     sums exactly its generation's members."""
+    # last_call_timeout=3: the first round waits for the third agent (starting torch workers
+    # on a loaded machine), else two nodes could train to the end before it is in.
     port = free_port()
     async with launched("--port", str(port), command="store-server") as store:
         await store.out.wait_for("listening")
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
         argv = [
             "--nnodes", "2:3", "--nproc-per-node", "1", *rdzv, "--rdzv-id", "gloo-nodes",
-            "--rdzv-conf", CONF, "--recovery", "in-place", TORCH_WORKER, "--steps", "40",
+            "--rdzv-conf", CONF.replace("last_call_timeout=0.5", "last_call_timeout=3"),
+            "--recovery", "in-place",
+            TORCH_WORKER, "--steps", "100",
         ]  # fmt: skip
         with anyio.fail_after(BOUND * 3):
-            async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+            async with agent(*argv) as a, agent(*argv) as b, agent(*argv) as c:
                 await c.out.wait_for("step 3 sum")
                 c.send_signal(signal.SIGKILL)
                 statuses = [await a.wait(), await b.wait()]
@@ -212,7 +237,7 @@ async def test_a_worker_failure_on_one_node_moves_every_node_to_the_next_generat
     finish = tmp_path / "finish"
     argv = job_argv(rendezvous, finish)
     with anyio.fail_after(BOUND * 2):
-        async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+        async with agent(*argv) as a, agent(*argv) as b, agent(*argv) as c:
             for run in (a, b, c):
                 await run.out.wait_for("size 3")
             victim = int(re.findall(r"asking pid (\d+)", b.out.text)[0])
@@ -249,7 +274,7 @@ async def test_a_generation_across_nodes_that_does_not_form_falls_back_to_a_rest
     async with launched("--port", str(port), command="store-server") as store:
         await store.out.wait_for("listening")
         with anyio.fail_after(BOUND * 2):
-            async with launched(*argv) as a, launched(*argv) as b, launched(*argv) as c:
+            async with agent(*argv) as a, agent(*argv) as b, agent(*argv) as c:
                 for run in (a, b, c):
                     await run.out.wait_for("size 3")
                 hang.write_text("")
