@@ -145,6 +145,7 @@ class InPlaceGroup(WorkerGroup):
         self._setup_links()
 
     def _setup_links(self) -> None:
+        self.status_rank = self.info.group_rank
         self._linked: dict[g.WorkerKey, _Linked] = {}
         self._verdicts: dict[g.WorkerKey, tuple[int, float]] = {}
         self._failed_at: dict[g.WorkerKey, float] = {}
@@ -195,23 +196,30 @@ class InPlaceGroup(WorkerGroup):
 
     async def _wait_workers(self) -> tuple[Outcome, str]:
         async with anyio.create_task_group() as tg:
-            if self.store is not None:
-                tg.start_soon(self._show_generation, self.store)
+            tg.start_soon(self._show_generation)
             ended = await self._drive()
             tg.cancel_scope.cancel()
         return ended
 
-    async def _show_generation(self, store: Store) -> None:
-        """Keep this node's generation and spares in ``store`` (``aioelastic status`` reads it)."""
-        shown = b""
+    def show_in(self, store: Store, group_rank: int) -> None:
+        """Show this node's generation in ``store`` as ``group_rank`` from now on (a later
+        round's, under in-place recovery across nodes)."""
+        self.store, self.status_rank = store, group_rank
+        self._shown.set()
+
+    async def _show_generation(self) -> None:
+        """Keep this node's generation and spares in :attr:`store` (``aioelastic status``
+        reads it)."""
+        shown: tuple[Store | None, int, bytes] = (None, 0, b"")
         while True:
             await self._shown.wait()
             self._shown = anyio.Event()
+            store, rank = self.store, self.status_rank
             value = encode_generation(self.machine, self._linked_pids())
-            if value != shown:
+            if store is not None and (store, rank, value) != shown:
                 try:
-                    await store.set(g.generation_key(self.info.group_rank), value)
-                    shown = value
+                    await store.set(g.generation_key(rank), value)
+                    shown = (store, rank, value)
                 except StoreError as exc:  # the status display is not worth failing a job
                     logger.info("could not show generation in the store: %s", exc)
 
@@ -854,6 +862,7 @@ class Attempts:
         assert isinstance(current, SharedInPlaceGroup)
         assert self._heard is not None
         info, records = self._heard
+        current.show_in(info.store, info.rank)
         return current.new_round(records, info.round)
 
     def group(self, info: RoundInfo, ranks: list[WorkerRanks], **options: Any) -> WorkerGroup:

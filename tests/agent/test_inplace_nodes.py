@@ -20,8 +20,10 @@ from typing import Any
 import anyio
 import pytest
 
+from aioelastic._cli_status import fetch_status
 from aioelastic.agent._generations import Begin, NodeSpec
 from aioelastic.agent._recovery import NodeRecord, plan_epoch
+from aioelastic.rendezvous._status import GenerationStatus
 from tests.agent.conftest import BOUND, Launched, free_port, launched, wait_gone
 from tests.agent.test_inplace import TORCH_WORKER, check_every_sum, members
 
@@ -86,6 +88,23 @@ def worlds(text: str) -> dict[int, dict[int, int]]:
     return found
 
 
+async def shown_worlds(rendezvous: list[str], *, nodes: int) -> tuple[GenerationStatus, ...]:
+    """What ``aioelastic status`` shows once every one of ``nodes`` nodes shows one running
+    generation of ``nodes`` workers (each agent publishes each change right after it)."""
+    flag = dict(zip(rendezvous[::2], rendezvous[1::2], strict=True))
+    while True:
+        status = await fetch_status(
+            flag["--rdzv-backend"], flag["--rdzv-endpoint"], flag["--rdzv-id"], {}, 10.0
+        )
+        worlds = status.generations
+        if (
+            len(worlds) == nodes
+            and all(w.phase == "running" and len(w.pids) == nodes for w in worlds)
+            and len({w.generation for w in worlds}) == 1
+        ):
+            return worlds
+
+
 def job_argv(
     rendezvous: list[str], finish: Path, *options: str, worker: tuple[str, ...] = ()
 ) -> list[str]:
@@ -147,6 +166,7 @@ async def test_a_node_joining_scales_up_in_place(rendezvous: list[str], tmp_path
             async with agent(*argv) as c:
                 for run in (a, b, c):
                     await run.out.wait_for("size 3")
+                shown = await shown_worlds(rendezvous, nodes=3)
                 finish.touch()
                 statuses = [await a.wait(), await b.wait(), await c.wait()]
     assert statuses == [0, 0, 0], (a, b, c)
@@ -154,6 +174,7 @@ async def test_a_node_joining_scales_up_in_place(rendezvous: list[str], tmp_path
     assert set(after) == {0, 1, 2}
     assert set(before.values()) < set(after.values())
     assert [after[rank] for rank in (0, 1)] == [before[rank] for rank in (0, 1)]
+    assert {world.pids for world in shown} == {tuple(after[rank] for rank in (0, 1, 2))}
     for run in (a, b):
         assert "restarting" not in run.err.text
         assert run.out.text.count("asking pid") == 1

@@ -1,10 +1,10 @@
 """In-place recovery through another host's partition: the survivors keep their processes.
 
 Three hosts (network namespaces), an ``aioelastic run --recovery in-place`` agent on each over
-c10d (the store on host 0), one worker per host that reports each world it enters to the
-test's collector (``_job.py``) as its *round* (the generation), rank and world size, and holds
-the report open while it is in that world: the records show which worlds are live at every
-instant, so two live worlds sharing a rank would be seen.
+c10d (the store on host 0) or etcd (a member on each), one worker per host that reports each
+world it enters to the test's collector (``_job.py``) as its *round* (the generation), rank and
+world size, and holds the report open while it is in that world: the records show which
+worlds are live at every instant, so two live worlds sharing a rank would be seen.
 """
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ for world in worker.worlds():
 """A worker that reports each world it is in, for as long as it is in it."""
 
 
-@pytest.fixture
-async def job() -> AsyncIterator[Job]:
-    """Three hosts and a collector (in a short directory: UNIX socket paths are short)."""
+@pytest.fixture(params=["c10d", "etcd"])
+async def job(request: pytest.FixtureRequest) -> AsyncIterator[Job]:
+    """Three hosts, a collector (in a short directory: UNIX socket paths are short) and an
+    in-place job over c10d (the store on host 0) or a 3-member etcd (a member per host)."""
+    backend = request.param
     workdir = Path(tempfile.mkdtemp(prefix="aioe-"))
     collector = Collector(workdir / "records.sock")
     try:
@@ -56,11 +58,11 @@ async def job() -> AsyncIterator[Job]:
             job = Job(net, workdir, collector)
             script = workdir / "inplace_worker.py"
             script.write_text(IN_PLACE_WORKER)
-            endpoint = await job.endpoint("c10d", net.hosts)
+            endpoint = await job.endpoint(backend, net.hosts)
             await job.start(
                 tg,
                 net.hosts,
-                backend="c10d",
+                backend=backend,
                 endpoint=endpoint,
                 conf=CONF,
                 nnodes="2:3",
