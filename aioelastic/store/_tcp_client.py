@@ -61,6 +61,7 @@ from aioelastic.store._tcp_codec import (
     decode_reply,
     encode_preamble,
     encode_request,
+    request_encoders,
 )
 from aioelastic.store._tcp_transport import (
     ClientConnection,
@@ -77,6 +78,8 @@ RECEIVE_SIZE = 65536
 _REPLY_GRACE = 10.0
 """How long after a wait's timeout the client gives up on the server's own timeout reply."""
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 2.0
+
+_ENCODE = request_encoders()
 
 _UNSAFE_TO_RESEND = frozenset({Op.ADD, Op.COMPARE_SET, Op.APPEND, Op.DELETE_KEY})
 """Operations that could be applied twice if re-sent after a lost reply."""
@@ -391,7 +394,7 @@ class TCPStore(Store):
         if self._closed or self._task_group is None:
             raise StoreClosedError(f"the store client for {self.endpoint} is not open")
         self._next_id = request_id = (self._next_id + 1) & 0xFFFFFFFF
-        frame = encode_request(op, request_id, *fields)
+        frame = _ENCODE[op](request_id, *fields)
         if len(frame) - 4 > self._frame_limit:
             # Sent, it would make the server drop the connection, and a re-send would again.
             raise StoreValueError(

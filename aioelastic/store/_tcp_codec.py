@@ -304,6 +304,11 @@ def reply_encoder(status: Status) -> Callable[..., bytes]:
     return partial(_REPLY_CODECS[status].encode, status)
 
 
+def request_encoders() -> dict[Op, Callable[..., bytes]]:
+    """``encode(request_id, *fields)`` for requests of each op (no field count check)."""
+    return {op: partial(codec.encode, op) for op, codec in _REQUEST_CODECS.items()}
+
+
 def _encode(kind: int, request_id: int, codec: _Codec, fields: tuple[Field, ...]) -> bytes:
     if len(fields) != codec.arity:
         raise ValueError(f"kind {kind} takes {codec.arity} fields, got {len(fields)}")
