@@ -359,13 +359,11 @@ class RendezvousModel(RuleBasedStateMachine):
     def teardown(self) -> None:
         """With faults stopped: joining nodes finish (no deadlock); once the crashed nodes'
         keys expired, min_nodes fresh nodes form a round whatever arrival numbers and records
-        the crashed ones left; a lost member shows in the survivors' inbox."""
+        the crashed ones left; once the publishers' loops end, ``state/latest`` is the last
+        sealed round; a lost member shows in the survivors' inbox."""
         if not hasattr(self, "policy"):
             return
-        while self.deferred:
-            step = self._compare_set(self.deferred.pop())
-            if step is not None:
-                self.deferred.append(step)
+        self._flush_all()
         self._drain()
         self.tick(HEARTBEAT)  # the crashed nodes' keys expire: only the fresh nodes are live
         fresh = [self.next_id + i for i in range(self.policy.min_nodes)]
@@ -377,9 +375,19 @@ class RendezvousModel(RuleBasedStateMachine):
             expected = m.Fail if self.closed_at is not None else m.Finish
             assert len(outcome) == 1, f"node {node} did not finish: {outcome}"
             assert isinstance(outcome[0], expected), f"min_nodes fresh nodes failed: {outcome}"
+        self._flush_all()
+        latest = int(self.store.data.get(layout.LATEST_KEY, b"0"))
+        assert latest == max(self.sealed_at, default=0), "state/latest is not the last sealed round"
         self.results_are_well_formed()
         self.everyone_sees_the_same_round()
         self._check_ring_reports_losses()
+
+    def _flush_all(self) -> None:
+        """Run every publisher's compare-and-set loop to its end."""
+        while self.deferred:
+            step = self._compare_set(self.deferred.pop())
+            if step is not None:
+                self.deferred.append(step)
 
     def _drain(self) -> None:
         """Run every healthy joining node to its end, moving time when nobody can proceed."""
