@@ -12,7 +12,6 @@ import json
 import math
 import secrets
 from contextlib import AsyncExitStack
-from types import TracebackType
 from typing import Self
 
 import anyio
@@ -122,14 +121,6 @@ class StaticRendezvousHandler(RendezvousHandler):
         self._store = PrefixStore(f"rdzv/{self.run_id}/static", client)
         self._stack = stack
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.shutdown()
 
     def _require_store(self) -> Store:
         if self._store is None:
