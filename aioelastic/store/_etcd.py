@@ -313,19 +313,24 @@ class EtcdStore(Service, Store):
         await self._txn("write", rpc.TxnRequest(success=[rpc.RequestOp(request_put=put)]))
 
     async def _update(
-        self, what: str, key: bytes, change: Change, guesses: int = 1, blind: bool = False
+        self,
+        what: str,
+        key: bytes,
+        change: Change,
+        *,
+        guesses: int = 1,
+        guess: Guess | None = None,
     ) -> tuple[bytes | None, bytes | None]:
         """Apply ``change`` to the value at ``key`` exactly once, keeping the key's lease.
 
         ``change(current)`` returns the new value, or None to write nothing. Returns the value
         written (None if nothing was) and the value read last. ``guesses > 1`` adds fallbacks
         for values other writers of the same change may have left (:mod:`._etcd_txn`).
-        ``blind`` skips the first read: the first transaction starts from the value this store
-        last wrote there (or a missing key), and reads the key back only if that guess and its
-        fallbacks miss.
+        A ``guess`` of the value skips the first read: the first transaction starts from it,
+        and reads the key back (in the same transaction) only if it and its fallbacks miss.
         """
         self._check_serving()
-        known: Known = Guess(self._last_written.get(key)) if blind else await self._read_one(key)
+        known: Known = guess if guess is not None else await self._read_one(key)
         while True:
             session = await self._session.ensure()
             slot = session.take_slot()
@@ -346,10 +351,6 @@ class EtcdStore(Service, Store):
                 known = await self._read_one(key)
                 continue
             session.give_back(slot, update.marker_revision)
-            if done.written is not None and blind:
-                if len(self._last_written) >= _LAST_WRITTEN_MAX:
-                    self._last_written.clear()
-                self._last_written[key] = done.written
             return done.written, done.current
 
     async def _drive(self, what: str, update: Update, step: Step) -> Done | None:
@@ -450,7 +451,13 @@ class EtcdStore(Service, Store):
                 base = parse_int(key, current) if current is not None else 0
                 return str(base + total).encode()
 
-            written, _ = await self._update("add", full, change, ADD_GUESSES, blind=True)
+            # Start from the value this store last wrote there (or a missing key).
+            guess = Guess(self._last_written.get(full))
+            written, _ = await self._update("add", full, change, guesses=ADD_GUESSES, guess=guess)
+            if written is not None:
+                if len(self._last_written) >= _LAST_WRITTEN_MAX:
+                    self._last_written.clear()
+                self._last_written[full] = written
             return int(written or b"0")
 
         combiner = self._adders.setdefault(full, AddCombiner())
@@ -471,7 +478,10 @@ class EtcdStore(Service, Store):
                 return desired_bytes
             return None
 
-        written, current = await self._update("compare_set", full, change)
+        # One transaction either way: it compares with the expected value itself, and reads the
+        # key back in the same transaction when that differs.
+        guess = Guess(expected_bytes or None)
+        written, current = await self._update("compare_set", full, change, guess=guess)
         if written is not None:
             return written
         return current if current is not None else expected_bytes

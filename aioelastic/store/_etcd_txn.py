@@ -1,9 +1,11 @@
 """The exactly-once read-modify-write of :class:`~aioelastic.store.EtcdStore`, without I/O.
 
-Theory of operation. ``add``, ``append`` and ``compare_set`` are a read and a conditional
-write; the reply of the write can be lost (a member dies, a timeout), and re-sending it blindly
-could apply it twice. So each call owns a *marker* key (a slot under the store's session lease)
-and every transaction it sends:
+Theory of operation. ``add``, ``append`` and ``compare_set`` are a conditional write from what
+the key holds (``append`` reads it first; ``add`` starts from a guess, the value this store last
+wrote, and ``compare_set`` from the expected value, each read back only on a miss, inside the
+same transaction); the reply of the write can be lost (a member dies, a timeout), and
+re-sending it blindly could apply it twice. So each call owns a *marker* key (a slot under the
+store's session lease) and every transaction it sends:
 
 * requires the marker to be at the mod revision the call last knew (0: missing), so once one
   attempt lands, no other attempt of the call (a re-send, or a late copy of a lost one) can;

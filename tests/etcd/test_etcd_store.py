@@ -275,6 +275,23 @@ async def test_an_add_costs_one_transaction_unless_the_key_surprises_it(
         assert await requests_for_add(1001) == 2  # outside them: the key is read back
 
 
+async def test_a_compare_set_costs_one_transaction_whether_it_swaps_or_not(
+    etcd_store: EtcdStore,
+) -> None:
+    """compare_set does not read first: its transaction compares with the expected value and
+    reads the key back itself when that differs."""
+
+    async def requests_for(expected: bytes, desired: bytes, result: bytes) -> int:
+        before = etcd_store.statistics().requests
+        assert await etcd_store.compare_set("k", expected, desired) == result
+        return etcd_store.statistics().requests - before
+
+    assert await requests_for(b"", b"first", b"first") == 1  # a missing key, expected empty
+    assert await requests_for(b"first", b"second", b"second") == 1  # swapped
+    assert await requests_for(b"first", b"third", b"second") == 1  # not swapped: the value
+    assert await etcd_store.get("k") == b"second"
+
+
 async def test_a_burst_of_adds_is_combined(etcd_store: EtcdStore) -> None:
     """50 concurrent adds to one key take a few transactions, not one (or more) each."""
     before = etcd_store.statistics().requests
