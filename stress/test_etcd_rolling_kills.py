@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic.store._etcd import EtcdStore
+from aioelastic.store import EtcdStore
 from aioelastic.testing import EtcdCluster
 from tests.etcd_fixtures import etcd_binary, start_cluster
 

@@ -80,7 +80,7 @@ async def etcd_store(
     """An open EtcdStore on the session's etcd (asyncio only: its gRPC client is)."""
     if _backend_name(anyio_backend) != "asyncio":
         pytest.skip("EtcdStore is asyncio-only (grpc.aio does not run on trio)")
-    from aioelastic.store._etcd import EtcdStore
+    from aioelastic.store import EtcdStore
 
     async with EtcdStore(etcd_server.endpoints, prefix=etcd_prefix, timeout=30) as store:
         yield store

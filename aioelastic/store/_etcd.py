@@ -45,7 +45,6 @@ from aioelastic.store._etcd_events import (
     EtcdLeaseLost,
     EtcdStoreEvent,
     EtcdStoreStatistics,
-    EtcdWatchResumed,
 )
 from aioelastic.store._etcd_lease import SessionLease, TTLLeases, keepalive, time_to_live
 from aioelastic.store._etcd_rpc import (
@@ -78,15 +77,6 @@ from aioelastic.store._etcd_txn import (
 )
 from aioelastic.store._etcd_watch import Watches
 from aioelastic.store._memory import check_key, check_ttl, parse_int
-
-__all__ = [
-    "EtcdFailover",
-    "EtcdLeaseLost",
-    "EtcdStore",
-    "EtcdStoreEvent",
-    "EtcdStoreStatistics",
-    "EtcdWatchResumed",
-]
 
 DEFAULT_PREFIX = "/aioelastic/default/"
 ADD_GUESSES = 32

@@ -7,8 +7,7 @@ import signal
 import anyio
 import pytest
 
-from aioelastic.store import StoreConnectionError
-from aioelastic.store._etcd import EtcdFailover, EtcdStore, EtcdStoreEvent
+from aioelastic.store import EtcdFailover, EtcdStore, EtcdStoreEvent, StoreConnectionError
 from aioelastic.testing import EtcdCluster, EtcdMember
 
 pytestmark = [

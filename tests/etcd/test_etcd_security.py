@@ -13,8 +13,7 @@ import pytest
 from aetcd import rpc
 
 from aioelastic.rendezvous import RendezvousHandler, RendezvousParameters, get_rendezvous_handler
-from aioelastic.store import StoreConnectionError, StoreRefusedError
-from aioelastic.store._etcd import EtcdStore
+from aioelastic.store import EtcdStore, StoreConnectionError, StoreRefusedError
 from aioelastic.testing import EtcdCluster
 from tests.etcd_fixtures import start_cluster
 
