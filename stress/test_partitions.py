@@ -9,6 +9,10 @@ side to re-form (when it has ``min_nodes``), heals, and waits for all hosts to b
 world again. The workers' own records (``tests/network/_job.py``) show every moment two live
 workers of different rounds held one rank; there must be none, and no wait may run out.
 
+With ``--recovery in-place`` (the ``in-place`` runs), the workers report each generation they
+are in, and the summary also says how often the re-formed side's workers were the very
+processes that ran before the fault (survivors keep their pids).
+
 ``AIOELASTIC_PARTITIONS`` (default 50 per backend) and ``AIOELASTIC_PARTITION_SEED`` choose
 the run; figures (fault to fenced, fault to re-formed, heal to rejoined) go to the summary.
 """
@@ -29,6 +33,7 @@ import pytest
 from aioelastic.testing import Host, Network, unavailable_reason
 from stress.conftest import Figures
 from tests.network._job import Collector, Job
+from tests.network.test_inplace_partitions import IN_PLACE_WORKER
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(3600)]
 
@@ -69,8 +74,11 @@ def reaching(backend: str, hosts: list[Host], side: list[Host], kind: str) -> li
     return side if len(members & set(side)) >= 2 else rest
 
 
+@pytest.mark.parametrize("recovery", ["restart", "in-place"])
 @pytest.mark.parametrize("backend", ["c10d", "etcd"])
-async def test_random_partitions_never_split_the_brain(backend: str, figures: Figures) -> None:
+async def test_random_partitions_never_split_the_brain(
+    backend: str, recovery: str, figures: Figures
+) -> None:
     """PARTITIONS random partitions: 0 split brains, 0 hangs; the figures of each step."""
     reason = unavailable_reason()
     if reason is not None:
@@ -80,6 +88,7 @@ async def test_random_partitions_never_split_the_brain(backend: str, figures: Fi
     workdir = Path(tempfile.mkdtemp(prefix="aioe-stress-"))
     collector = Collector(workdir / "records.sock")
     fenced, reformed, rejoined, hangs, kinds = [], [], [], 0, []
+    kept, reforms = 0, 0
     log = (workdir / "steps.log").open("w")
     try:
         async with Network(size) as net, anyio.create_task_group() as tg:
@@ -87,8 +96,19 @@ async def test_random_partitions_never_split_the_brain(backend: str, figures: Fi
             job = Job(net, workdir, collector)
             hosts = net.hosts
             endpoint = await job.endpoint(backend, hosts if backend == "c10d" else hosts[:3])
+            script = None
+            if recovery == "in-place":
+                script = workdir / "inplace_worker.py"
+                script.write_text(IN_PLACE_WORKER)
             await job.start(
-                tg, hosts, backend=backend, endpoint=endpoint, conf=CONF, nnodes=f"2:{size}"
+                tg,
+                hosts,
+                backend=backend,
+                endpoint=endpoint,
+                conf=CONF,
+                nnodes=f"2:{size}",
+                options=("--recovery", recovery),
+                script=script,
             )
             await collector.wait_for(lambda: collector.world(hosts), within=120)
             for step in range(PARTITIONS):
@@ -101,6 +121,7 @@ async def test_random_partitions_never_split_the_brain(backend: str, figures: Fi
                 cut_off = [h for h in hosts if h not in reach]
                 kinds.append(kind)
                 stale = [w for w in collector.live if w.host in {h.addr for h in cut_off}]
+                before = {w.pid for w in collector.live}
                 at = time.time()
                 if kind == "cut":
                     await net.cut(side[0])
@@ -121,6 +142,8 @@ async def test_random_partitions_never_split_the_brain(backend: str, figures: Fi
                             lambda reach=reach: collector.world(reach), within=HANG_BOUND
                         )
                         reformed.append(min(w.started for w in world) - at)
+                        reforms += 1
+                        kept += {w.pid for w in world} <= before
                     healed = time.time()
                     await net.heal()
                     world = await collector.wait_for(
@@ -151,6 +174,8 @@ async def test_random_partitions_never_split_the_brain(backend: str, figures: Fi
     figures["fault_to_fenced_s"] = summary(fenced)
     figures["fault_to_reformed_s"] = summary(reformed)
     figures["heal_to_rejoined_s"] = summary(rejoined)
+    figures["recovery"] = recovery
+    figures["reformed_by_the_same_processes"] = f"{kept} of {reforms}"
     figures["workdir"] = str(workdir)
     assert collector.split_brains == []
     assert hangs == 0, f"hangs: see {workdir}/hang-*.txt"

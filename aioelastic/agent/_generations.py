@@ -309,7 +309,9 @@ class GenerationProtocolError(Exception):
         super().__init__(f"{type(event).__name__} {event} in phase {phase.name}: {why}")
 
 
-_TERMINAL = (Phase.FINISHED, Phase.FELL_BACK)
+TERMINAL_PHASES = (Phase.FINISHED, Phase.FELL_BACK)
+"""Phases a machine never leaves."""
+_TERMINAL = TERMINAL_PHASES
 TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
     Phase.WAITING: {
         Ready: frozenset({Phase.WAITING, Phase.FORMING, Phase.FELL_BACK}),

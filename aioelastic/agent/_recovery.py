@@ -629,6 +629,12 @@ class SharedInPlaceGroup(InPlaceGroup):
         self._token = f"{node}-{uuid.uuid4().hex[:12]}"
 
     @property
+    def live(self) -> bool:
+        """Whether this group runs its epoch still (not finished, not fallen back)."""
+        machine = getattr(self, "machine", None)
+        return self.running and (machine is None or machine.phase not in g.TERMINAL_PHASES)
+
+    @property
     def verdict_grace(self) -> float:  # type: ignore[override]
         """A peer's death on another node is known once its agent or the rendezvous says so."""
         return self.spec.recovery_timeout
@@ -781,7 +787,8 @@ class SharedInPlaceGroup(InPlaceGroup):
             if entry.by == self._token and isinstance(event, g.NodeJoined):
                 self._replaying = False  # caught up: from here on this replica acts
                 return commands
-            return []
+            # The epoch ended before this node got in: end with it (nothing else to act on).
+            return [c for c in commands if isinstance(c, g.FallBack | g.Finish)]
         return commands
 
     def _next_deadline(self) -> float:
@@ -845,7 +852,7 @@ class Attempts:
             return None
         current = self._current
         epoch, last = 0, self.last_generation
-        if isinstance(current, SharedInPlaceGroup) and current.running:
+        if isinstance(current, SharedInPlaceGroup) and current.live:
             epoch = current.epoch
             if current.machine.generation is not None:
                 last = max(last, current.machine.generation.number)

@@ -107,7 +107,9 @@ class Collector:
                 float(fields["started"]),
             )
             for other in self.live:
-                if other.rank == worker.rank and other.round != worker.round:
+                if other.pid == worker.pid:  # one process, its next world: it left the last
+                    other.ended = time.time()
+                elif other.rank == worker.rank and other.round != worker.round:
                     self.split_brains.append(SplitBrain(worker.rank, time.time(), (other, worker)))
             self.workers.append(worker)
             self._notify()
