@@ -192,12 +192,14 @@ class ElasticRendezvousHandler(RendezvousHandler):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.shutdown()
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            if self._tg is not None:
-                self._tg.cancel_scope.cancel()
-            await stack.aclose()
+        try:
+            await self.shutdown()
+        finally:  # even when shutting down was cancelled: the task group must be left
+            stack, self._stack = self._stack, None
+            if stack is not None:
+                if self._tg is not None:
+                    self._tg.cancel_scope.cancel()
+                await stack.aclose()
 
     def _require_store(self) -> Store:
         if self._store is None:
