@@ -21,6 +21,7 @@ per agent, fed from a log in the job's store (see "many nodes" below).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -54,7 +55,8 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._group import Outcome, WorkerGroup, _Worker
 from aioelastic.agent._spec import WorkerSpec
-from aioelastic.rendezvous import RendezvousInfo
+from aioelastic.rendezvous import NodeLost as RendezvousNodeLost
+from aioelastic.rendezvous import RendezvousEvent, RendezvousInfo
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.store import PrefixStore, Store, StoreError, TCPStoreServer, TorchStoreListener
 from aioelastic.worker._protocol import (
@@ -663,10 +665,25 @@ class SharedInPlaceGroup(InPlaceGroup):
         if self._plan.action not in ("begin", "join"):
             raise AssertionError(f"a new group cannot {self._plan.action} an epoch")
         self.running = True
+        handler = self.spec.rdzv_handler
+        stop_hearing = (
+            handler.subscribe(self._on_rendezvous_event)
+            if isinstance(handler, ElasticRendezvousHandler)
+            else None
+        )
         try:
             return await super().run(other, shutdown=shutdown, kill_now=kill_now)
         finally:
             self.running = False
+            if stop_hearing is not None:
+                stop_hearing()
+
+    def _on_rendezvous_event(self, event: RendezvousEvent) -> None:
+        """The node that finds its ring successor's heartbeat gone logs it lost at once: the
+        survivors' next generation need not wait for the next round (``last_call_timeout``)."""
+        if isinstance(event, RendezvousNodeLost) and not self._replaying and self.live:
+            with contextlib.suppress(anyio.ClosedResourceError):  # the attempt just ended
+                self._record(g.NodeLost(event.lost), anyio.current_time())
 
     @asynccontextmanager
     async def _worlds_served(self) -> AsyncIterator[None]:

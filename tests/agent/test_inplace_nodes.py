@@ -106,12 +106,16 @@ async def shown_worlds(rendezvous: list[str], *, nodes: int) -> tuple[Generation
 
 
 def job_argv(
-    rendezvous: list[str], finish: Path, *options: str, worker: tuple[str, ...] = ()
+    rendezvous: list[str],
+    finish: Path,
+    *options: str,
+    worker: tuple[str, ...] = (),
+    conf: str = CONF,
 ) -> list[str]:
     """One agent (with ``options``) of a 2:3-node in-place job, one plain worker per node
     (with ``worker`` options) until ``finish`` exists."""
     return [
-        "--nnodes", "2:3", "--nproc-per-node", "1", *rendezvous, "--rdzv-conf", CONF,
+        "--nnodes", "2:3", "--nproc-per-node", "1", *rendezvous, "--rdzv-conf", conf,
         "--recovery", "in-place", *options, PLAIN_WORKER, "--exit-when", str(finish), *worker,
     ]  # fmt: skip
 
@@ -127,9 +131,13 @@ async def test_a_node_lost_leaves_the_others_training_in_a_smaller_world(
     rendezvous: list[str], tmp_path: Path
 ) -> None:
     """One of three agents is SIGKILLed: the other two nodes' workers go on in a world of 2,
-    in the same processes (no restart), and finish."""
+    in the same processes (no restart), and finish. The node that saw the heartbeat go logs
+    the loss at once: the world of 2 comes before the survivors' next round (which waits
+    ``last_call_timeout=3`` for more nodes)."""
     finish = tmp_path / "finish"
-    argv = job_argv(rendezvous, finish)
+    argv = job_argv(
+        rendezvous, finish, conf=CONF.replace("last_call_timeout=0.5", "last_call_timeout=3")
+    )
     with anyio.fail_after(BOUND * 2):
         async with agent(*argv) as a, agent(*argv) as b, agent(*argv) as c:
             for run in (a, b, c):
@@ -151,6 +159,10 @@ async def test_a_node_lost_leaves_the_others_training_in_a_smaller_world(
         assert "done pid" in run.out.text
         assert run.out.text.count("asking pid") == 1  # one worker process per node, ever
         assert "was lost" in run.err.text
+        smaller = re.search(r"generation \d+: world size 2 \(node \d+ was lost\)", run.err.text)
+        assert smaller is not None
+        next_round = run.err.text.find("of 2, world size 2")
+        assert next_round == -1 or smaller.start() < next_round, run.err.text
 
 
 async def test_a_node_joining_scales_up_in_place(rendezvous: list[str], tmp_path: Path) -> None:
