@@ -48,7 +48,9 @@ async def first_of(*waiters: Callable[[], Awaitable[T]]) -> T:
     """Run ``waiters`` concurrently; the first to finish decides, and the others are cancelled.
 
     The winner's result is returned, or its exception raised as itself (not in a group); what
-    the others raise while they are cancelled is dropped.
+    the others raise while they are cancelled is dropped. The first waiter runs in the calling
+    task (in its context), the others in tasks of their own: a race costs one task fewer,
+    which counts where thousands of nodes share one process.
     """
     if not waiters:
         raise ValueError("first_of() needs at least one waiter")
@@ -67,8 +69,9 @@ async def first_of(*waiters: Callable[[], Awaitable[T]]) -> T:
                     results.append(result)
             tg.cancel_scope.cancel()
 
-        for waiter in waiters:
+        for waiter in waiters[1:]:
             tg.start_soon(run, waiter)
+        await run(waiters[0])
     if errors:
-        raise errors[0]
+        raise errors.pop()  # not kept here: the error's traceback holds this frame
     return results[0]
