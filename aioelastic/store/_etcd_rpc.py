@@ -26,7 +26,6 @@ from aioelastic.store._errors import (
     StoreRefusedError,
 )
 from aioelastic.store._etcd_txn import (
-    Compare,
     Get,
     GetResult,
     KeyValue,
@@ -361,35 +360,37 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _encode_op(op: Op) -> Any:
+def _encode_op(op: Op, into: Any) -> None:
     if isinstance(op, Put):
-        put = rpc.PutRequest(key=op.key, value=op.value, lease=op.lease, ignore_lease=op.keep_lease)
-        return rpc.RequestOp(request_put=put)
-    if isinstance(op, Get):
-        return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key))
-    return rpc.RequestOp(request_txn=encode_txn(op))
+        put = into.request_put
+        put.key, put.value, put.lease, put.ignore_lease = op.key, op.value, op.lease, op.keep_lease
+    elif isinstance(op, Get):
+        into.request_range.key = op.key
+    else:
+        _encode_txn(op, into.request_txn)
 
 
-def _encode_compare(compare: Compare) -> Any:
-    if isinstance(compare, ModRevisionIs):
-        return rpc.Compare(
-            key=compare.key,
-            target=rpc.Compare.MOD,
-            result=rpc.Compare.EQUAL,
-            mod_revision=compare.revision,
-        )
-    return rpc.Compare(
-        key=compare.key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=compare.value
-    )
+def _encode_txn(txn: Txn, into: Any) -> None:
+    # Filled in place: a message given to a constructor is copied, and nested transactions
+    # (an add's fallbacks nest 32 deep) would be copied once per level.
+    for compare in txn.compare:
+        target = into.compare.add()
+        target.key, target.result = compare.key, rpc.Compare.EQUAL
+        if isinstance(compare, ModRevisionIs):
+            target.target, target.mod_revision = rpc.Compare.MOD, compare.revision
+        else:
+            target.target, target.value = rpc.Compare.VALUE, compare.value
+    for op in txn.success:
+        _encode_op(op, into.success.add())
+    for op in txn.failure:
+        _encode_op(op, into.failure.add())
 
 
 def encode_txn(txn: Txn) -> Any:
     """The etcd ``TxnRequest`` of ``txn``."""
-    return rpc.TxnRequest(
-        compare=[_encode_compare(compare) for compare in txn.compare],
-        success=[_encode_op(op) for op in txn.success],
-        failure=[_encode_op(op) for op in txn.failure],
-    )
+    request = rpc.TxnRequest()
+    _encode_txn(txn, request)
+    return request
 
 
 def decode_kv(kv: Any) -> KeyValue:
