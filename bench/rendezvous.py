@@ -102,6 +102,24 @@ class CountingStore(Store):
         )
 
 
+class TimingStore(CountingStore):
+    """A :class:`CountingStore` that also records each call: ``(name, began, ended)``."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.calls: list[tuple[str, float, float]] = []
+
+    def _count(self, name: str, call: Awaitable[T]) -> Awaitable[T]:
+        async def timed() -> T:
+            began = time.monotonic()
+            try:
+                return await call
+            finally:
+                self.calls.append((name, began, time.monotonic()))
+
+        return super()._count(name, timed())
+
+
 # -- one process, many handlers -----------------------------------------------------------------
 
 

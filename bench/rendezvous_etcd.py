@@ -15,6 +15,7 @@ noisy. Run ``python -m bench.rendezvous_etcd``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -46,38 +47,57 @@ def _params(endpoint: str, run_id: str, nodes: int, store: Any) -> Any:
 # -- one node per process ---------------------------------------------------------------------
 
 
-def node(endpoint: str, run_id: str, nodes: int) -> None:
-    """A child process: connect, say ready, wait for the start time, rendezvous, report."""
+def node(endpoint: str, run_id: str, nodes: int, trace: bool = False) -> None:
+    """A child process: connect, say ready, wait for the start time, rendezvous, report.
+
+    With ``trace``, the handler's store calls are timed and reported too (the handler is then
+    built on a timing wrapper of the store instead of through the backend's factory).
+    """
     import anyio
 
-    from aioelastic.rendezvous import get_rendezvous_handler
+    from aioelastic.rendezvous import RendezvousHandler, get_rendezvous_handler
+    from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+    from aioelastic.rendezvous._parameters import ElasticSettings
     from aioelastic.store import EtcdStore
+    from bench.rendezvous import TimingStore
 
     async def run() -> None:
-        async with (
-            EtcdStore(endpoint, prefix="/bench/") as store,
-            get_rendezvous_handler(_params(endpoint, run_id, nodes, store)) as handler,
-        ):
-            print("ready", flush=True)
-            start = float(await anyio.to_thread.run_sync(sys.stdin.readline))
-            await anyio.sleep_until(start)  # the loop clock is time.monotonic()
-            before = store.statistics().requests
-            info = await handler.next_rendezvous()
-            done = time.monotonic()
-            requests = store.statistics().requests - before
-            print(json.dumps({"done": done, "rank": info.rank, "requests": requests}), flush=True)
+        async with EtcdStore(endpoint, prefix="/bench/") as store:
+            params = _params(endpoint, run_id, nodes, store)
+            timing = TimingStore(store)
+            handler: RendezvousHandler
+            if trace:
+                settings = ElasticSettings.from_parameters(params, extra_keys={"store"})
+                handler = ElasticRendezvousHandler(
+                    timing, settings, backend="etcd", local_addr="127.0.0.1"
+                )
+            else:
+                handler = get_rendezvous_handler(params)
+            async with handler:
+                print("ready", flush=True)
+                start = float(await anyio.to_thread.run_sync(sys.stdin.readline))
+                await anyio.sleep_until(start)  # the loop clock is time.monotonic()
+                before = store.statistics().requests
+                timing.calls.clear()
+                info = await handler.next_rendezvous()
+                done = time.monotonic()
+                requests = store.statistics().requests - before
+                report: dict[str, Any] = {"done": done, "rank": info.rank, "requests": requests}
+                report["calls"] = [(name, a - start, b - start) for name, a, b in timing.calls]
+                print(json.dumps(report), flush=True)
 
     anyio.run(run)
 
 
-def processes(endpoint: str, nodes: int) -> tuple[float, float]:
+def processes(endpoint: str, nodes: int, trace: bool = False) -> tuple[float, float]:
     """Formation time and requests per node for ``nodes`` processes.
 
     Every child starts at one instant of the shared monotonic clock, so the time it takes to
-    tell them to go is not counted.
+    tell them to go is not counted. With ``trace``, the last node's store calls are printed.
     """
     run_id = uuid.uuid4().hex[:8]
     command = [sys.executable, "-m", "bench.rendezvous_etcd", "node", endpoint, run_id, str(nodes)]
+    command += ["trace"] if trace else []
     children = [
         subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for _ in range(nodes)
@@ -105,6 +125,10 @@ def processes(endpoint: str, nodes: int) -> tuple[float, float]:
     if sorted(r["rank"] for r in reports) != list(range(nodes)):
         raise RuntimeError(f"ranks are not 0..{nodes - 1}: {reports}")
     formation = max(r["done"] for r in reports) - start
+    if trace:
+        last = max(reports, key=lambda r: r["done"])
+        calls = ", ".join(f"{name} {a * 1000:.1f}-{b * 1000:.1f}" for name, a, b in last["calls"])
+        print(f"  N={nodes}, the last node (rank {last['rank']}), ms from go: {calls}")
     return formation, statistics.mean(r["requests"] for r in reports)
 
 
@@ -163,6 +187,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--processes", type=int, nargs="*", default=[2, 8, 16])
     parser.add_argument("--handlers", type=int, default=1000)
+    parser.add_argument(
+        "--trace", action="store_true", help="print the last node's store calls of each run"
+    )
     args = parser.parse_args()
 
     from aioelastic.testing import HOW_TO_GET_ETCD, EtcdCluster, find_etcd_binary
@@ -172,8 +199,9 @@ def main() -> None:
         sys.exit(f"no etcd binary: {HOW_TO_GET_ETCD}")
     with tempfile.TemporaryDirectory() as tmp, EtcdCluster(binary, Path(tmp)) as cluster:
         endpoint = cluster.endpoints
+        traced = functools.partial(processes, trace=args.trace)
         cases: list[tuple[str, int, Any]] = [
-            (f"N={n} processes", n, processes) for n in args.processes
+            (f"N={n} processes", n, traced) for n in args.processes
         ]
         if args.handlers:
             cases.append((f"{args.handlers} handlers, 1 process", args.handlers, in_process))
@@ -200,7 +228,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "node":
-        node(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        node(sys.argv[2], sys.argv[3], int(sys.argv[4]), trace=sys.argv[5:] == ["trace"])
     else:
         os.environ.setdefault("PYTHONWARNINGS", "ignore")
         main()

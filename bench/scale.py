@@ -21,7 +21,9 @@ For N simulated nodes, each an elastic rendezvous handler in its own task of thi
 
 Backends: the memory store (ours, in this process), the TCP store over real connections (one
 connection per node to a ``aioelastic store-server`` process; the fd limit is raised to the
-hard limit), and a real single-member etcd (one shared client, as ``bench.rendezvous_etcd``).
+hard limit), and a real single-member etcd: ``etcd`` gives each node its own ``EtcdStore`` (its
+own gRPC channel, session lease and watches: N real sessions), ``etcd-shared`` one client
+shared by every node (as ``bench.rendezvous_etcd``'s 1,000 handlers).
 The machine is shared (2 cores, other jobs running): wall times are noisy, operation counts
 are not. Run ``python -m bench.scale`` (``--quick``: the small sizes only).
 """
@@ -60,8 +62,9 @@ SIZES = {
     "memory": (100, 1000, 4000, 10000, 32000),
     "tcp": (100, 1000, 4000, 10000),
     "etcd": (100, 1000),
+    "etcd-shared": (100, 1000),
 }
-QUICK = {"memory": (100, 1000), "tcp": (100, 1000), "etcd": (100,)}
+QUICK = {"memory": (100, 1000), "tcp": (100, 1000), "etcd": (100,), "etcd-shared": (100,)}
 TARGETS = {("memory", 10000): 5.0, ("memory", 32000): 20.0, ("tcp", 1000): 1.5}  # issue 18
 LAST_CALL = 1.0  # seconds; subtracted from loss -> next round
 GENERATION_LIMIT = 4000
@@ -316,16 +319,24 @@ def tcp_point(nodes: int) -> Point:
         server.wait(timeout=30)
 
 
-def etcd_point(nodes: int, endpoint: str, pid: int) -> Point:
+def etcd_point(nodes: int, endpoint: str, pid: int, *, shared: bool) -> Point:
+    """A point over etcd: every node with a client of its own, or all sharing one."""
     from aioelastic.store import EtcdStore
 
+    prefix = f"/scale-{uuid.uuid4().hex[:6]}/"
+
     async def run() -> Point:
-        async with EtcdStore(endpoint, prefix=f"/scale-{uuid.uuid4().hex[:6]}/") as store:
+        async with EtcdStore(endpoint, prefix=prefix) as admin:
 
             async def view(_: int) -> AsyncIterator[Store]:
-                yield store
+                if shared:
+                    yield admin
+                    return
+                async with EtcdStore(endpoint, prefix=prefix) as store:
+                    yield store
 
-            return await simulate("etcd", nodes, view, store, lambda: proc_cpu(pid))
+            backend = "etcd-shared" if shared else "etcd"
+            return await simulate(backend, nodes, view, admin, lambda: proc_cpu(pid))
 
     return anyio.run(run)
 
@@ -423,7 +434,8 @@ def chart(points: Sequence[Point], path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for backend, color in (("memory", "#2a9d8f"), ("tcp", "#e76f51"), ("etcd", "#264653")):
+    colors = {"memory": "#2a9d8f", "tcp": "#e76f51", "etcd": "#264653", "etcd-shared": "#6d597a"}
+    for backend, color in colors.items():
         mine = [p for p in points if p.backend == backend]
         if not mine:
             continue
@@ -500,7 +512,7 @@ def main() -> None:
         wanted = args.sizes or sizes[backend]
         # each connection is one descriptor here and one in the server process
         chosen = [n for n in wanted if backend != "tcp" or n + 256 < limit]
-        if backend == "etcd":
+        if backend.startswith("etcd"):
             from aioelastic.testing import EtcdCluster, find_etcd_binary
 
             binary = find_etcd_binary()
@@ -511,7 +523,8 @@ def main() -> None:
                 process = cluster.members[0].process
                 assert process is not None
                 for n in chosen:
-                    points.append(etcd_point(n, cluster.endpoints, process.pid))
+                    shared = backend == "etcd-shared"
+                    points.append(etcd_point(n, cluster.endpoints, process.pid, shared=shared))
                     progress(points[-1], args.json, points)
             continue
         for n in chosen:
