@@ -507,7 +507,7 @@ TORCH_PROTOCOL_UNITS = {
     "torch client": "ops/s",
     "  client CPU per op": "us",
     "init_process_group": "ms",
-    "  server CPU per op": "us",
+    "  server CPU per": "us",
     "  server CPU,": "ms",
 }
 
