@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aioelastic.store import StoreProtocolError
@@ -233,6 +233,7 @@ def _near_valid(bodies: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
     )
 
 
+@settings(deadline=None)  # a loaded machine can take 200 ms for one example
 @given(_near_valid(_requests.map(lambda r: _body(_encoded(r)))))
 def test_compiled_request_decoder_agrees_with_the_reference_readers(body: bytes) -> None:
     """Any request body decodes (or fails, with the same reason) as the plain readers say."""
@@ -240,6 +241,7 @@ def test_compiled_request_decoder_agrees_with_the_reference_readers(body: bytes)
     assert fast == reference
 
 
+@settings(deadline=None)  # a loaded machine can take 200 ms for one example
 @given(_near_valid(_replies.map(lambda r: _body(_encoded_reply(r)))))
 def test_compiled_reply_decoder_agrees_with_the_reference_readers(body: bytes) -> None:
     """Any reply body decodes (or fails, with the same reason) as the plain readers say."""
