@@ -267,6 +267,18 @@ async def test_guardian_leads_its_own_session_reads_a_pipe_and_holds_no_output()
     assert reaped(pid)  # by aclose(): no zombie left
 
 
+async def test_aclose_from_another_task_says_bye_and_reaps_the_guardian() -> None:
+    """aclose() from a task other than the one that started the guardian ends and reaps it;
+    leaving the block afterwards has nothing left to do."""
+    async with Guardian(grace=1.0) as guardian:
+        pid = guardian.pid
+        assert pid is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(guardian.aclose)
+        assert not guardian.active
+        assert reaped(pid)
+
+
 async def test_a_guardian_that_cannot_start_is_a_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
