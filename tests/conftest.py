@@ -1,12 +1,18 @@
-"""Run every asyncio test on the stock loop and on uvloop; anyio tests also on trio."""
+"""Run every asyncio test on the stock loop and on uvloop; anyio tests also on trio.
+
+Every test fails that makes a call which may block (a DNS lookup, ``time.sleep``) on a thread
+running an event loop: see :mod:`tests.blocking`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+from tests.blocking import BlockingCalls
 
 pytest_plugins = ["tests.etcd_fixtures"]
 
@@ -36,3 +42,34 @@ _ANYIO_BACKENDS.append(pytest.param(("trio", {}), id="trio"))
 @pytest.fixture(params=_ANYIO_BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
+
+
+_BLOCKING = BlockingCalls()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _guard_installed() -> Iterator[BlockingCalls]:
+    with _BLOCKING.installed() as calls:
+        yield calls
+
+
+def _fail_on_blocking_calls() -> None:
+    found, _BLOCKING.found[:] = list(_BLOCKING.found), []
+    if found:
+        pytest.fail("blocking call(s) on the event loop:\n" + "\n".join(found), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Fail the test itself when its body blocked an event loop's thread."""
+    result = yield
+    _fail_on_blocking_calls()
+    return result
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_call_on_the_event_loop(_guard_installed: BlockingCalls) -> Iterator[None]:
+    """Fail the test if its fixtures blocked an event loop's thread."""
+    _guard_installed.found.clear()
+    yield
+    _fail_on_blocking_calls()
