@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import socket
 import sys
 import threading
@@ -20,9 +21,11 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 HERE = __file__
+ROOT = str(Path(__file__).resolve().parent.parent) + os.sep
 _INSIDE = threading.local()
 """Set while a guarded call runs: the calls it makes itself, or a nested guard's, pass."""
 
@@ -91,7 +94,9 @@ class BlockingCalls:
             _INSIDE.active = True
             try:
                 if on_event_loop() and may_block(*args, **kwargs):
-                    self.found.append(f"{name}{args!r} on the event loop, from {_caller()}")
+                    entry = f"{name}() on the event loop, from {_caller()}"
+                    if entry not in self.found:  # a polling loop says it once
+                        self.found.append(entry)
                 return real(*args, **kwargs)
             finally:
                 _INSIDE.active = False
@@ -113,10 +118,10 @@ class BlockingCalls:
 
 
 def _caller() -> str:
-    """The innermost frames outside this module and the standard library's socket module."""
+    """The innermost two frames of the project (the package or its tests) that led here."""
     frames = [
-        f"{frame.filename}:{frame.lineno} ({frame.name})"
+        f"{frame.filename.removeprefix(ROOT)}:{frame.lineno} ({frame.name})"
         for frame in traceback.extract_stack()
-        if frame.filename != HERE and frame.filename != socket.__file__
+        if frame.filename.startswith(ROOT) and frame.filename != HERE
     ]
-    return " <- ".join(reversed(frames[-3:]))
+    return " <- ".join(reversed(frames[-2:])) or "outside the project"

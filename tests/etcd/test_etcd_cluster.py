@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 
 import anyio
@@ -152,7 +153,7 @@ async def test_unreachable_cluster_is_a_connection_error_naming_the_endpoints(
     store = EtcdStore(etcd_cluster.endpoints, prefix=etcd_prefix, retry_timeout=1.0)
     async with store:
         await store.set("k", b"v")
-        etcd_cluster.stop(timeout=1)
+        await anyio.to_thread.run_sync(functools.partial(etcd_cluster.stop, timeout=1))
         pattern = "etcd://" + etcd_cluster.endpoints.replace(".", r"\.")
         with anyio.fail_after(60):
             with pytest.raises(StoreConnectionError, match=pattern + ".*check that the etcd"):
