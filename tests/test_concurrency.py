@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import anyio
 import pytest
 
@@ -103,3 +106,27 @@ async def test_unwrap_leaves_several_errors_as_a_group() -> None:
     with pytest.raises(ExceptionGroup) as caught:
         await fail_together(KeyError("a"), LookupError("b"))
     assert len(caught.value.exceptions) == 2
+
+
+async def test_the_winners_error_is_freed_once_handled_without_the_collector() -> None:
+    """first_of keeps no reference cycle to the error it raised: it dies by refcount."""
+
+    class Boom(Exception):
+        pass
+
+    async def fail() -> None:
+        raise Boom
+
+    async def wait() -> None:
+        await anyio.sleep_forever()
+
+    gc.collect()
+    gc.disable()
+    try:
+        try:
+            await first_of(fail, wait)
+        except Boom as error:
+            raised = weakref.ref(error)
+        assert raised() is None
+    finally:
+        gc.enable()
