@@ -131,11 +131,14 @@ class InPlaceGroup(WorkerGroup):
     store: Store | None = None
     """Where the node's generation is shown (``aioelastic status``), if anywhere."""
 
-    verdict_grace = VERDICT_GRACE
-    """How long a troubled worker waits for its world's end before its error counts as its own."""
     evicts = True
     """Whether likely hung peers are evicted (every member is on this node, so the agent knows
     who is silent)."""
+
+    def verdict_grace(self) -> float:
+        """How long a troubled worker waits for its world's end before its error counts as its
+        own (a peer's death on this node reaches the agent through its pidfd at once)."""
+        return VERDICT_GRACE
 
     def _setup(self) -> None:
         node = self.node = self.info.group_rank
@@ -280,7 +283,7 @@ class InPlaceGroup(WorkerGroup):
             case Trouble(generation=number):
                 current = self.machine.generation
                 if current is not None and current.number == number:
-                    self._verdicts[linked.key] = (number, now + self.verdict_grace)
+                    self._verdicts[linked.key] = (number, now + self.verdict_grace())
                     self._asked_at[linked.key] = now
                     self._troubled.setdefault(number, set()).add(linked.key)
                 return []
@@ -319,7 +322,7 @@ class InPlaceGroup(WorkerGroup):
             failing = self._condemned.setdefault(number, set())
             waited = now - self._asked_at.get(key, now)
             if (failing & set(alive)) - {key} and waited < self.spec.recovery_timeout:
-                self._verdicts[key] = (number, now + self.verdict_grace)
+                self._verdicts[key] = (number, now + self.verdict_grace())
                 continue
             troubled_now = self._troubled.get(number, set()) - failing
             evict = g.suspects(alive, troubled_now) if self.evicts else ()
@@ -636,8 +639,7 @@ class SharedInPlaceGroup(InPlaceGroup):
         machine = getattr(self, "machine", None)
         return self.running and (machine is None or machine.phase not in g.TERMINAL_PHASES)
 
-    @property
-    def verdict_grace(self) -> float:  # type: ignore[override]
+    def verdict_grace(self) -> float:
         """A peer's death on another node is known once its agent or the rendezvous says so."""
         return self.spec.recovery_timeout
 
