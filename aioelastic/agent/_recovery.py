@@ -722,10 +722,10 @@ class SharedInPlaceGroup(InPlaceGroup):
         """A later round completed while the epoch runs: nodes gone from it are lost (their
         workers leave the world, the survivors go on); an outcome if this node must leave."""
         plan = plan_epoch(self.node, records, round_)
-        if plan.action != "stay":
-            return Outcome.FAILED, (
+        if plan.action != "stay":  # no failure of its workers: it costs no restart
+            return Outcome.MEMBERSHIP, (
                 f"this node's in-place epoch {self.epoch} is not the job's live one "
-                f"({plan.epoch}); its workers restart"
+                f"({plan.epoch}); its workers stop and it joins that one"
             )
         if not self._replaying:
             for node in self.machine.nodes:
