@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from aioelastic._subscribers import WarningEvent
+from aioelastic.agent._generations import EvictCause
 from aioelastic.agent._report import HangReport, WorkerFailure
 
 
@@ -193,6 +194,34 @@ class WorkerEvicted:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectivesAborted:
+    """A survivor of a world that lost a member was asked to abort its collectives (so that
+    one blocked with the gone peer gets out); ``outcome`` is what it did (``aborted``, or
+    ``unavailable``: it will be restarted if it does not leave in time)."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    generation: int
+    outcome: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRestartedToLeave(WarningEvent):
+    """A survivor did not leave its ended world in time (``why``: it could not abort its
+    collectives, or it did not leave): it is killed and its slot goes to a spare or a new
+    process, as a failed worker's would."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    generation: int
+    why: EvictCause
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SpareStarted:
     """A warm spare was started; it waits in ``worker.worlds()`` for a place."""
 
@@ -224,6 +253,8 @@ AgentEvent = (
     | GenerationFormed
     | RecoveryFellBack
     | WorkerEvicted
+    | CollectivesAborted
+    | WorkerRestartedToLeave
     | SpareStarted
     | RunFinished
     | LogDirectoryCreated

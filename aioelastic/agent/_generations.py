@@ -31,6 +31,12 @@ ended, stop a worker, report.
   and makes a smaller generation. A joining node's workers are started and join the *next*
   generation once all of them are ready; the running generation is not disturbed meanwhile.
   A node joining before generation 1 was assigned is simply one of generation 1's.
+* **Leaving.** A survivor told that its world ended must enter the next one; one blocked in a
+  collective with a peer that never answers (on a lost node) is made to leave by an abort in
+  its own process (see ``aioelastic/worker/_abort.py``). The shell reports a survivor that has
+  not entered a later generation in time (:class:`LeaveDue`: it did not leave, or it cannot
+  abort); the machine then takes it out like a failed member (:class:`Evict`: the shell kills
+  it, a spare or a new process takes its slot).
 * **A storm.** More than ``max_failures`` member failures in one attempt fall back too, so a
   failure that every fresh rank meets again ends in the restart budget, not in a loop.
 * **The end.** Every member of the running generation exiting 0 finishes the job (spares are
@@ -216,8 +222,36 @@ class TimedOut:
     generation: int
 
 
-Event = Ready | Entered | Exited | NodeLost | NodeJoined | Tick | TimedOut
-EVENT_TYPES: tuple[type, ...] = (Ready, Entered, Exited, NodeLost, NodeJoined, Tick, TimedOut)
+class EvictCause(enum.Enum):
+    """Why the machine takes out a member that still runs."""
+
+    ABORT_UNAVAILABLE = "abort unavailable"
+    """Its world ended and it cannot abort its collectives (a backend without abort)."""
+    DID_NOT_LEAVE = "did not leave"
+    """Its world ended and it did not enter the next one in time."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveDue:
+    """``worker``, told that ``generation`` ended, has had its time to enter a later one."""
+
+    worker: WorkerKey
+    generation: int
+    cause: EvictCause
+    detail: str = ""
+
+
+Event = Ready | Entered | Exited | NodeLost | NodeJoined | Tick | TimedOut | LeaveDue
+EVENT_TYPES: tuple[type, ...] = (
+    Ready,
+    Entered,
+    Exited,
+    NodeLost,
+    NodeJoined,
+    Tick,
+    TimedOut,
+    LeaveDue,
+)
 
 # -- commands (outputs) -------------------------------------------------------------------------
 
@@ -244,6 +278,20 @@ class EndWorld:
 
     generation: int
     workers: tuple[WorkerKey, ...]
+    reason: str
+    abort: bool = False
+    """A member is gone: a collective with it never completes, so abort the survivors' (a
+    joining node ends a world whose collectives all complete: no abort)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Kill ``worker``, a member that still runs: the machine took it out of the world."""
+
+    worker: WorkerKey
+    generation: int
+    """The generation it was in when taken out."""
+    cause: EvictCause
     reason: str
 
 
@@ -298,7 +346,15 @@ class Finish:
 
 
 Command = (
-    Spawn | Assign | EndWorld | Stop | GenerationAssigned | GenerationFormed | FallBack | Finish
+    Spawn
+    | Assign
+    | EndWorld
+    | Evict
+    | Stop
+    | GenerationAssigned
+    | GenerationFormed
+    | FallBack
+    | Finish
 )
 
 
@@ -321,6 +377,7 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         NodeJoined: frozenset({Phase.WAITING}),
         Tick: frozenset({Phase.WAITING}),
         TimedOut: frozenset({Phase.WAITING}),
+        LeaveDue: frozenset({Phase.WAITING}),
     },
     Phase.FORMING: {
         Ready: frozenset({Phase.FORMING}),
@@ -330,6 +387,7 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         NodeJoined: frozenset({Phase.FORMING}),
         Tick: frozenset({Phase.FORMING, Phase.FELL_BACK}),
         TimedOut: frozenset({Phase.FORMING, Phase.FELL_BACK}),
+        LeaveDue: frozenset({Phase.FORMING, Phase.FELL_BACK}),
     },
     Phase.RUNNING: {
         Ready: frozenset({Phase.RUNNING, Phase.FORMING}),
@@ -339,6 +397,7 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         NodeJoined: frozenset({Phase.RUNNING}),
         Tick: frozenset({Phase.RUNNING}),
         TimedOut: frozenset({Phase.RUNNING}),
+        LeaveDue: frozenset({Phase.RUNNING}),
     },
     # Terminal: the shell may still report exits of what it stops; nothing changes any more.
     Phase.FINISHED: {kind: frozenset({Phase.FINISHED}) for kind in EVENT_TYPES},
@@ -373,6 +432,8 @@ class _Worker:
     state: WorkerState = WorkerState.STARTING
     joiner: bool = False
     """Started for a node that joined; waits for the next generation."""
+    entered: int = 0
+    """The newest generation it entered (0: none)."""
 
 
 @dataclass(slots=True)
@@ -507,6 +568,8 @@ class GenerationMachine:
                 if now >= self.deadline:
                     return self._fall_back(self._why_not_formed())
                 return []
+            case LeaveDue():
+                return self._leave_due(self._known(event, event.worker), event, now)
             case TimedOut(generation=number):
                 current = self.generation
                 if self.phase is Phase.FORMING and current is not None and current.number == number:
@@ -555,6 +618,7 @@ class GenerationMachine:
             return []  # a generation that already ended, or a repeat
         if worker.key not in generation:
             return []
+        worker.entered = max(worker.entered, number)
         recovery.entered.add(worker.key)
         if self.phase is Phase.FORMING and len(recovery.entered) == generation.world_size:
             self.phase = Phase.RUNNING
@@ -617,9 +681,43 @@ class GenerationMachine:
                 f"rank {rank} failed (status {returncode}): {self.failures} failures in place "
                 f"exceed the {self.max_failures} one attempt may replace (a failure storm)"
             )
-        failed_at = self._recovery.failed_at if self._recovery is not None else None
         why = f"rank {rank} (worker {worker.key}) failed (status {returncode})"
-        return self._next_generation(now, why, failed_at=now if failed_at is None else failed_at)
+        return self._member_gone(now, why)
+
+    def _member_gone(self, now: float, why: str) -> list[Command]:
+        """A member failed or was taken out: the next generation, its survivors' collectives
+        aborted (a collective with the gone member never completes)."""
+        failed_at = self._recovery.failed_at if self._recovery is not None else None
+        failed_at = now if failed_at is None else failed_at
+        return self._next_generation(now, why, failed_at=failed_at, abort=True)
+
+    def _leave_due(self, worker: _Worker, event: LeaveDue, now: float) -> list[Command]:
+        """Take out a survivor that was told ``event.generation`` ended and entered no later
+        one since (it is stuck in that world): like a failed member, but it still runs."""
+        generation = self.generation
+        if (
+            generation is None
+            or self.phase is not Phase.FORMING
+            or worker.key not in generation
+            or worker.state is not WorkerState.MEMBER
+            or worker.entered > event.generation
+            or generation.number <= event.generation
+        ):
+            return []  # it left (or died, or the job moved on): nothing to do
+        if self._finishing():
+            return []  # pragma: no cover - a forming generation has no finished member
+        worker.state = WorkerState.GONE
+        self.failures += 1
+        rank = generation.rank_of(worker.key)
+        detail = f": {event.detail}" if event.detail else ""
+        why = (
+            f"rank {rank} (worker {worker.key}) was taken out: {event.cause.value} "
+            f"from generation {event.generation}{detail}"
+        )
+        evict = Evict(worker.key, event.generation, event.cause, why)
+        if self.failures > self.max_failures:
+            return [evict, *self._fall_back(f"{why}: {self.failures} failures in place (a storm)")]
+        return [evict, *self._member_gone(now, why)]
 
     def _node_lost(self, node: int, now: float) -> list[Command]:
         state = self._nodes.pop(node, None)
@@ -635,10 +733,7 @@ class GenerationMachine:
             return []  # a joining node that was never admitted
         if self._finishing():
             return self._fall_back(f"node {node} was lost after other ranks had finished")
-        failed_at = self._recovery.failed_at if self._recovery is not None else None
-        return self._next_generation(
-            now, f"node {node} was lost", failed_at=now if failed_at is None else failed_at
-        )
+        return self._member_gone(now, f"node {node} was lost")
 
     def _node_joined(self, event: NodeJoined, now: float) -> list[Command]:
         if event.node in self._nodes:
@@ -657,12 +752,14 @@ class GenerationMachine:
     # -- making generations ---------------------------------------------------------------------
 
     def _next_generation(
-        self, now: float, reason: str, *, failed_at: float | None
+        self, now: float, reason: str, *, failed_at: float | None, abort: bool = False
     ) -> list[Command]:
         generation = self.generation
         assert generation is not None
         ended = tuple(k for k in generation.members if self._workers[k].state is WorkerState.MEMBER)
-        commands: list[Command] = [EndWorld(generation.number, ended, reason)] if ended else []
+        commands: list[Command] = (
+            [EndWorld(generation.number, ended, reason, abort)] if ended else []
+        )
         for key in ended:
             self._workers[key].state = WorkerState.READY
         return commands + self._assign(now, reason, failed_at=failed_at, first=False)
@@ -928,6 +1025,8 @@ def encode_entry(entry: LogEntry) -> bytes:
             body = {"joined": [node, spec.local_world_size, spec.spares]}
         case TimedOut(generation=number):
             body = {"timeout": number}
+        case LeaveDue(worker=w, generation=number, cause=cause, detail=detail):
+            body = {"leave": [w.node, w.serial, number, cause.value, detail]}
         case Tick():
             raise ValueError("Tick is local to one machine: a replicated log carries TimedOut")
     record = {"e": body, "by": entry.by, "n": entry.serial, "pid": entry.pid}
@@ -958,6 +1057,9 @@ def decode_entry(raw: bytes) -> LogEntry:
                 event = NodeJoined(int(value[0]), NodeSpec(int(value[1]), int(value[2])))
             case "timeout":
                 event = TimedOut(int(value))
+            case "leave":
+                key = WorkerKey(int(value[0]), int(value[1]))
+                event = LeaveDue(key, int(value[2]), EvictCause(value[3]), str(value[4]))
             case _:
                 raise GenerationLogError(raw, f"unknown kind {kind!r}")
     except GenerationLogError:

@@ -311,6 +311,16 @@ def describe(event: AgentEvent) -> str | None:
             return f"in-place recovery fell back to a restart: {event.reason}"
         case ev.WorkerEvicted():
             return f"evicted rank {event.rank} (pid {event.pid}): {event.reason}"
+        case ev.CollectivesAborted():
+            return (
+                f"rank {event.rank} (pid {event.pid}): abort of generation {event.generation}'s "
+                f"collectives {event.outcome} ({event.detail})"
+            )
+        case ev.WorkerRestartedToLeave():
+            return (
+                f"restarting rank {event.rank} (pid {event.pid}) to leave generation "
+                f"{event.generation}: {event.why.value} ({event.reason})"
+            )
         case ev.SpareStarted():
             return f"started a spare worker: pid {event.pid}"
         case ev.NodeFenced():

@@ -43,6 +43,7 @@ from aioelastic.agent import _generations as g
 from aioelastic.agent._env import RoundInfo, WorkerRanks
 from aioelastic.agent._events import (
     AgentEvent,
+    CollectivesAborted,
     GenerationAssigned,
     GenerationFormed,
     RecoveryFellBack,
@@ -50,6 +51,7 @@ from aioelastic.agent._events import (
     SpareStarted,
     WorkerEvicted,
     WorkerFailed,
+    WorkerRestartedToLeave,
     WorkersStarted,
     WorkerSucceeded,
 )
@@ -59,6 +61,15 @@ from aioelastic.rendezvous import NodeLost as RendezvousNodeLost
 from aioelastic.rendezvous import RendezvousEvent, RendezvousInfo
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.store import PrefixStore, Store, StoreError, TCPStoreServer, TorchStoreListener
+from aioelastic.worker._abort import (
+    ABORT_FD_ENV,
+    AbortLines,
+    AbortOutcome,
+    AbortProtocolError,
+    AbortReply,
+    AbortRequest,
+    encode_abort,
+)
 from aioelastic.worker._protocol import (
     WORKER_FD_ENV,
     Enter,
@@ -97,6 +108,11 @@ exception counts as its own (a peer's death reaches the agent through its pidfd 
 milliseconds; a collective's error can come first)."""
 
 
+CANNOT_ABORT_GRACE = 2.0
+"""How long a survivor that cannot abort its collectives (its backend has no abort) is given
+to leave its ended world by itself (it may not be in a collective) before it is restarted."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Exit:
     key: g.WorkerKey
@@ -113,7 +129,23 @@ class _Logged:
     entry: g.LogEntry
 
 
-_Notice = _Exit | _Said | _Logged
+@dataclass(frozen=True, slots=True)
+class _Answered:
+    key: g.WorkerKey
+    reply: AbortReply
+
+
+_Notice = _Exit | _Said | _Logged | _Answered
+
+
+@dataclass(slots=True)
+class _Leaving:
+    """A survivor told that ``generation`` ended, until it enters a later one."""
+
+    generation: int
+    due: float
+    cause: g.EvictCause
+    detail: str = ""
 
 
 @dataclass(slots=True)
@@ -121,6 +153,8 @@ class _Linked:
     key: g.WorkerKey
     worker: _Worker
     link: socket.socket
+    abort: socket.socket
+    """Where the agent asks the worker to abort its collectives (see worker/_abort.py)."""
 
 
 class InPlaceGroup(WorkerGroup):
@@ -139,6 +173,12 @@ class InPlaceGroup(WorkerGroup):
         """How long a troubled worker waits for its world's end before its error counts as its
         own (a peer's death on this node reaches the agent through its pidfd at once)."""
         return VERDICT_GRACE
+
+    def leave_timeout(self) -> float:
+        """How long a survivor has to enter its next world once told the last one ended,
+        before it is restarted: its collectives' own timeout (a worker that cannot abort
+        leaves by then too)."""
+        return self.spec.recovery_timeout / 2
 
     def _setup(self) -> None:
         node = self.node = self.info.group_rank
@@ -161,6 +201,7 @@ class InPlaceGroup(WorkerGroup):
         """By generation: the members told their error is their own (they are failing)."""
         self._asked_at: dict[g.WorkerKey, float] = {}
         self._later: list[g.Spawn] = []
+        self._leaving: dict[g.WorkerKey, _Leaving] = {}
         self._shown = anyio.Event()
 
     async def run(
@@ -178,6 +219,7 @@ class InPlaceGroup(WorkerGroup):
         finally:
             for linked in self._linked.values():
                 linked.link.close()
+                linked.abort.close()
 
     @asynccontextmanager
     async def _worlds_served(self) -> AsyncIterator[None]:
@@ -249,13 +291,20 @@ class InPlaceGroup(WorkerGroup):
     async def _drive(self) -> tuple[Outcome, str]:
         heard: MemoryObjectReceiveStream[_Notice] = self._heard
         while True:
-            due = min([self._next_deadline(), *(d for _, d in self._verdicts.values())])
+            due = min(
+                [
+                    self._next_deadline(),
+                    *(d for _, d in self._verdicts.values()),
+                    *(leaving.due for leaving in self._leaving.values()),
+                ]
+            )
             notice: _Notice | None = None
             with anyio.move_on_after(max(0.0, due - anyio.current_time())):
                 notice = await heard.receive()
             now = anyio.current_time()
             if notice is None:
                 self._give_verdicts(now)
+                self._leaves_due(now)
                 commands = self._on_deadline(now)
             else:
                 commands = self._hear(notice, now)
@@ -274,11 +323,18 @@ class InPlaceGroup(WorkerGroup):
             return []
         linked = self._linked[notice.key]
         if isinstance(notice, _Exit):
+            self._leaving.pop(linked.key, None)
             return self._exited(linked, now)
+        if isinstance(notice, _Answered):
+            self._answered(linked, notice.reply, now)
+            return []
         match notice.message:
             case Hello():
                 return self._record(g.Ready(linked.key), now, pid=linked.worker.process.pid)
             case Enter(generation=number):
+                leaving = self._leaving.get(linked.key)
+                if leaving is not None and number > leaving.generation:
+                    del self._leaving[linked.key]
                 return self._record(g.Entered(linked.key, number), now)
             case Trouble(generation=number):
                 current = self.machine.generation
@@ -305,6 +361,37 @@ class InPlaceGroup(WorkerGroup):
             self.reported.add(worker.process.pid)
             self._reports.append(WorkerFailed(self._failure_of(worker)))
         return self._record(g.Exited(linked.key, code), now)
+
+    def _answered(self, linked: _Linked, reply: AbortReply, now: float) -> None:
+        """A survivor said what it did about its ended world's collectives."""
+        if reply.outcome is AbortOutcome.NOTHING:
+            return
+        worker = linked.worker
+        self._emit(
+            CollectivesAborted(
+                worker.ranks.rank,
+                worker.ranks.local_rank,
+                worker.process.pid,
+                reply.generation,
+                reply.outcome.value,
+                reply.detail,
+            )
+        )
+        leaving = self._leaving.get(linked.key)
+        unavailable = reply.outcome is AbortOutcome.UNAVAILABLE
+        if unavailable and leaving is not None and leaving.generation == reply.generation:
+            leaving.due = min(leaving.due, now + CANNOT_ABORT_GRACE)
+            leaving.cause = g.EvictCause.ABORT_UNAVAILABLE
+            leaving.detail = reply.detail
+
+    def _leaves_due(self, now: float) -> None:
+        """Report the survivors whose time to leave their ended world passed (the machine
+        says whether they are still stuck there)."""
+        for key, leaving in list(self._leaving.items()):
+            if leaving.due <= now:
+                del self._leaving[key]
+                due = g.LeaveDue(key, leaving.generation, leaving.cause, leaving.detail)
+                self._record(due, now)
 
     def _give_verdicts(self, now: float) -> None:
         """Answer the workers whose grace passed: wait on while a peer told "still valid" is
@@ -352,9 +439,10 @@ class InPlaceGroup(WorkerGroup):
         """Do what the machine said: tell the workers first, then start processes, then
         report. A new spare starts once the generation formed: starting a process holds this
         loop, which also serves the world's store, for tens of milliseconds on a busy host."""
-        urgent = [c for c in commands if isinstance(c, g.Assign | g.EndWorld | g.Stop)]
+        told = g.Assign | g.EndWorld | g.Stop | g.Evict
+        urgent = [c for c in commands if isinstance(c, told)]
         spawns = [c for c in commands if isinstance(c, g.Spawn)]
-        rest = [c for c in commands if not isinstance(c, g.Assign | g.EndWorld | g.Stop | g.Spawn)]
+        rest = [c for c in commands if not isinstance(c, told | g.Spawn)]
         for command in [*urgent, *spawns, *rest]:
             if not self._concerns_me(command):
                 continue
@@ -371,9 +459,20 @@ class InPlaceGroup(WorkerGroup):
                     )
                     self._send(command.worker, self._world_message(place))
                 case g.EndWorld():
+                    now = anyio.current_time()
                     for key in (k for k in command.workers if k.node == self.node):
                         self._verdicts.pop(key, None)
                         self._send(key, WorldEnded(command.generation, command.reason))
+                        if command.abort:
+                            self._ask_abort(key, command.generation)
+                        self._leaving[key] = _Leaving(
+                            command.generation,
+                            now + self.leave_timeout(),
+                            g.EvictCause.DID_NOT_LEAVE,
+                            f"not in a later generation {self.leave_timeout():g} s after",
+                        )
+                case g.Evict():
+                    self._evict(command)
                 case g.Stop():
                     self._send(command.worker, NoMoreWorlds("the job finished"))
                 case g.GenerationAssigned():
@@ -411,9 +510,39 @@ class InPlaceGroup(WorkerGroup):
 
     def _concerns_me(self, command: g.Command) -> bool:
         """Whether this node acts on ``command`` (each node starts and tells only its own)."""
-        if isinstance(command, g.Spawn | g.Assign | g.Stop):
+        if isinstance(command, g.Spawn | g.Assign | g.Stop | g.Evict):
             return command.worker.node == self.node
         return True
+
+    def _ask_abort(self, key: g.WorkerKey, generation: int) -> None:
+        """Ask a survivor to abort the collectives of ``generation``, which lost a member."""
+        linked = self._linked.get(key)
+        if linked is None:
+            return
+        try:
+            linked.abort.send(encode_abort(AbortRequest(generation)))
+        except OSError as exc:  # gone: its pidfd says so
+            logger.info("could not ask worker %s to abort: %s", key, exc)
+
+    def _evict(self, command: g.Evict) -> None:
+        """Kill a member the machine took out (it is replaced like a failed one)."""
+        linked = self._linked.get(command.worker)
+        self._leaving.pop(command.worker, None)
+        if linked is None:
+            return
+        worker = linked.worker
+        self._emit(
+            WorkerRestartedToLeave(
+                worker.ranks.rank,
+                worker.ranks.local_rank,
+                worker.process.pid,
+                command.generation,
+                command.cause,
+                command.reason,
+            )
+        )
+        self.reported.add(worker.process.pid)
+        worker.process.signal_group(signal.SIGKILL)
 
     def _world_message(self, place: g.Place) -> WorldAssigned:
         return WorldAssigned(
@@ -464,26 +593,36 @@ class InPlaceGroup(WorkerGroup):
 
     def _spawn_linked(self, key: g.WorkerKey, slot: int | None) -> None:
         ours, theirs = socket.socketpair()
+        abort, their_abort = socket.socketpair()
+        env = {
+            WORKER_FD_ENV: str(theirs.fileno()),
+            ABORT_FD_ENV: str(their_abort.fileno()),
+            "AIOELASTIC_RECOVERY": "in-place",
+        }
         try:
             worker = self._spawn(
                 self._ranks_for(slot),
                 self._pumps,
                 tag=f"{slot if slot is not None else 'spare'}.{key.serial}",
-                extra_env={WORKER_FD_ENV: str(theirs.fileno()), "AIOELASTIC_RECOVERY": "in-place"},
-                pass_fds=(theirs.fileno(),),
+                extra_env=env,
+                pass_fds=(theirs.fileno(), their_abort.fileno()),
             )
         except BaseException:
             ours.close()
+            abort.close()
             raise
         finally:
             theirs.close()
+            their_abort.close()
         ours.setblocking(False)
+        abort.setblocking(False)
         self.workers.append(worker)
-        self._linked[key] = _Linked(key, worker, ours)
+        self._linked[key] = _Linked(key, worker, ours, abort)
         self._watchers.start_soon(self._watch_linked, key)
-        scope = anyio.CancelScope(shield=True)  # bounded by the drain deadline, like the pumps
-        self._pump_scopes.append(scope)
-        self._pumps.start_soon(self._read_link, key, scope)
+        scopes = [anyio.CancelScope(shield=True) for _ in range(2)]  # bounded like the pumps
+        self._pump_scopes += scopes
+        self._pumps.start_soon(self._read_link, key, scopes[0])
+        self._pumps.start_soon(self._read_abort_answers, key, scopes[1])
         if slot is None:
             self._emit(SpareStarted(worker.process.pid))
 
@@ -515,6 +654,29 @@ class InPlaceGroup(WorkerGroup):
                     return
                 for message in messages:
                     self._tell.send_nowait(_Said(key, message))
+
+
+    async def _read_abort_answers(self, key: g.WorkerKey, scope: anyio.CancelScope) -> None:
+        sock, lines = self._linked[key].abort, AbortLines()
+        with scope:
+            while True:
+                await anyio.wait_readable(sock)
+                try:
+                    data = sock.recv(4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                try:
+                    messages = lines.feed(data)
+                except AbortProtocolError as exc:
+                    logger.warning("worker %s: %s; its abort answers are ignored", key, exc)
+                    return
+                for message in messages:
+                    if isinstance(message, AbortReply):
+                        self._tell.send_nowait(_Answered(key, message))
 
 
 # -- many nodes -------------------------------------------------------------------------------

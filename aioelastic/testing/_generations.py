@@ -32,6 +32,8 @@ from aioelastic.agent._generations import (
     EndWorld,
     Entered,
     Event,
+    Evict,
+    EvictCause,
     Exited,
     FallBack,
     Finish,
@@ -39,6 +41,7 @@ from aioelastic.agent._generations import (
     GenerationAssigned,
     GenerationFormed,
     GenerationMachine,
+    LeaveDue,
     LogEntry,
     NodeJoined,
     NodeLost,
@@ -162,6 +165,16 @@ class WorldSimulation:
         self.specs[node] = spec
         self._send(NodeJoined(node, spec))
 
+    def stuck(
+        self, key: WorkerKey, cause: EvictCause = EvictCause.DID_NOT_LEAVE, detail: str = ""
+    ) -> None:
+        """``key``'s agent says it is not out of the newest world it was told ended (it did not
+        leave in time, or it cannot abort); the machine decides whether it is still stuck."""
+        ended = self.running[key].ended
+        if not ended:
+            raise ValueError(f"worker {key} was never told that a world ended")
+        self._send(LeaveDue(key, max(ended), cause, detail))
+
     def advance(self, seconds: float) -> None:
         """Time passes (deadlines that are due fire)."""
         self.clock.advance(seconds)
@@ -214,7 +227,9 @@ class WorldSimulation:
 
     def _send(self, event: Event) -> None:
         if not self.replicas:
-            self._apply(self.machine.send(event, self.clock.now()))
+            commands = self.machine.send(event, self.clock.now())
+            self._apply(commands)
+            self._killed(commands)
             return
         raw = encode_entry(LogEntry(event, "sim", len(self.log)))
         self.log.append(raw)
@@ -225,6 +240,13 @@ class WorldSimulation:
         for index, replica in enumerate(self.replicas, 1):
             self._agree(index, commands, replica.send(event, self._their_now(index)))
         self._apply(commands)
+        self._killed(commands)
+
+    def _killed(self, commands: list[Command]) -> None:
+        """The shell kills what the machine evicted; its pidfd then reports the exit."""
+        for command in commands:
+            if isinstance(command, Evict):
+                self._send(Exited(command.worker, -9))
 
     def _their_now(self, index: int) -> float:
         """Replica ``index``'s clock: another host's monotonic clock, far from ours."""
@@ -262,6 +284,11 @@ class WorldSimulation:
                     self.generations.append(command.generation)
                 case GenerationFormed():
                     self.formed.append(command)
+                case Evict():
+                    worker = self.running.pop(command.worker, None)
+                    if worker is None:
+                        raise ProtocolViolation(f"{command} names a worker that is not running")
+                    self.exited[command.worker] = -9
                 case Stop():
                     pass
                 case FallBack():

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from aioelastic.worker._abort import AbortWatch
 from aioelastic.worker._link import AgentLinkError, Link
 from aioelastic.worker._protocol import Enter, Hello, Trouble, WorldAssigned
 
@@ -68,6 +69,7 @@ class World:
         self._client: Store | None = None
         self._link = link
         self._asked = False
+        self._abort: AbortWatch | None = None
         self.ended: str | None = None
         """Why this world ended, once this process knows it did."""
 
@@ -137,6 +139,7 @@ class World:
 
     def __enter__(self) -> World:
         if self._link is not None:
+            self._abort = AbortWatch.start(self.generation, self._store_spec)
             self._link.send(Enter(self.generation))
         return self
 
@@ -161,6 +164,8 @@ class World:
                     link.wait()
             return self._left(error)
         finally:
+            if self._abort is not None:
+                self._abort.stop()
             _destroy_process_group()
 
     async def __aenter__(self) -> World:

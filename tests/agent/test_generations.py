@@ -11,13 +11,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from aioelastic.agent._generations import (
     Begin,
+    EndWorld,
     Entered,
+    Evict,
+    EvictCause,
     Exited,
     FallBack,
     Generation,
     GenerationLogError,
     GenerationMachine,
     GenerationProtocolError,
+    LeaveDue,
     LogEntry,
     NodeJoined,
     NodeLost,
@@ -166,6 +170,83 @@ def test_a_node_joining_during_recovery_is_admitted_after_it_forms() -> None:
     assert sim.machine.phase is Phase.RUNNING
 
 
+def test_a_member_gone_asks_the_survivors_to_abort_and_a_join_does_not() -> None:
+    """A failure or a lost node ends the world with an abort (a collective with the gone member
+    never completes); a node joining ends it without one (every collective completes)."""
+    sim = formed({0: NodeSpec(2), 1: NodeSpec(1)})
+    sim.fail(sim.member(1))
+    sim.enter_all()
+    sim.lose_node(1)
+    sim.enter_all()
+    sim.join_node(2, NodeSpec(1))
+    sim.enter_all()
+    ends = [(c.reason, c.abort) for c in sim.commands if isinstance(c, EndWorld)]
+    assert ends == [
+        ("rank 1 (worker 0.1) failed (status 1)", True),
+        ("node 1 was lost", True),
+        ("node 2 joined", False),
+    ]
+
+
+def test_a_survivor_stuck_in_its_ended_world_is_taken_out_and_its_slot_refilled() -> None:
+    """Rank 3 fails; rank 0 never enters generation 2: reported stuck, it is evicted (killed),
+    a spare takes its slot in generation 3, and the other survivors keep theirs."""
+    sim = formed({0: NodeSpec(4, spares=2)})
+    first = sim.machine.generation
+    assert first is not None
+    stuck = sim.member(0)
+    sim.fail(sim.member(3))
+    for key in sim.assigned():
+        if key != stuck:
+            sim.enter(key)
+    sim.stuck(stuck, EvictCause.ABORT_UNAVAILABLE, "backend 'mpi' has no abort here")
+    evicted = [c for c in sim.commands if isinstance(c, Evict)]
+    assert evicted == [
+        Evict(
+            stuck,
+            1,
+            EvictCause.ABORT_UNAVAILABLE,
+            "rank 0 (worker 0.0) was taken out: abort unavailable from generation 1: "
+            "backend 'mpi' has no abort here",
+        )
+    ]
+    assert sim.exited[stuck] == -9
+    sim.enter_all()
+    third = sim.machine.generation
+    assert third is not None
+    assert third.number == 3
+    assert stuck not in third.members
+    assert third.members[1:3] == first.members[1:3]
+    assert sim.machine.phase is Phase.RUNNING
+    assert sim.machine.failures == 2
+
+
+def test_a_survivor_that_left_in_time_is_not_taken_out() -> None:
+    """Reported after it entered the next world (or after that world formed), it stays."""
+    sim = formed({0: NodeSpec(3)})
+    survivor = sim.member(0)
+    sim.fail(sim.member(2))
+    sim.enter(survivor)
+    sim.stuck(survivor)
+    sim.enter_all()
+    sim.stuck(survivor)
+    assert not [c for c in sim.commands if isinstance(c, Evict)]
+    assert survivor in sim.running
+
+
+def test_a_report_of_an_older_world_does_not_take_out_a_survivor_of_a_newer_one() -> None:
+    """Stuck in generation 1 is old news once it entered 2: generation 3 forming does not
+    evict it for that."""
+    sim = formed({0: NodeSpec(3)})
+    survivor = sim.member(0)
+    sim.fail(sim.member(2))
+    sim.enter(survivor)
+    sim.fail(sim.member(1))
+    assert sim.machine.phase is Phase.FORMING
+    commands = sim.machine.send(LeaveDue(survivor, 1, EvictCause.DID_NOT_LEAVE), 0.0)
+    assert commands == []
+
+
 def test_a_generation_that_does_not_form_in_time_falls_back_naming_who() -> None:
     """A replacement that never asks for a world: after the timeout, a full restart."""
     sim = formed({0: NodeSpec(2)}, recovery_timeout=10.0)
@@ -262,6 +343,12 @@ class RandomWorld(RuleBasedStateMachine):
     def node_joins(self, size: int, spares: int) -> None:
         self.sim.join_node(self.next_node, NodeSpec(size, spares))
         self.next_node += 1
+
+    @precondition(lambda self: self.live() and any(w.ended for w in self.sim.running.values()))
+    @rule(data=st.data(), cause=st.sampled_from(EvictCause))
+    def stuck(self, data: st.DataObject, cause: EvictCause) -> None:
+        told = sorted(k for k, w in self.sim.running.items() if w.ended)
+        self.sim.stuck(data.draw(st.sampled_from(told)), cause)
 
     @rule(seconds=st.sampled_from([0.5, 4.0, 11.0]))
     def time_passes(self, seconds: float) -> None:
@@ -406,6 +493,13 @@ EVENTS = st.one_of(
         NodeJoined, st.integers(0), st.builds(NodeSpec, st.integers(1, 8), st.integers(0, 2))
     ),
     st.builds(TimedOut, st.integers(1)),
+    st.builds(
+        LeaveDue,
+        st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99)),
+        st.integers(1),
+        st.sampled_from(EvictCause),
+        st.text(max_size=30),
+    ),
     st.builds(
         Begin,
         st.dictionaries(st.integers(0), SPECS),

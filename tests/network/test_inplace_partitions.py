@@ -9,6 +9,8 @@ worlds are live at every instant, so two live worlds sharing a rank would be see
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import shutil
 import sys
 import tempfile
@@ -20,6 +22,7 @@ import anyio
 import pytest
 
 from aioelastic.testing import Network
+from aioelastic.worker._abort import ABORT_SWITCH_ENV
 from tests.network._job import Collector, Job
 from tests.network.test_partitions import CONF, HEARTBEAT, SLACK
 
@@ -131,3 +134,130 @@ async def test_survivors_keep_their_processes_through_another_hosts_partition(jo
     for host in (a, b):
         assert "restarting" not in job.agent(host).console
 
+
+GLOO_WORKER = """
+import json, os, socket, time
+import torch
+import torch.distributed as dist
+from aioelastic import worker
+step = 0
+for world in worker.worlds():
+    with world:
+        world.init_process_group("gloo")
+        if world.fresh_ranks:
+            box = torch.tensor([step], dtype=torch.int64)
+            dist.broadcast(box, src=world.source_rank)
+            step = int(box.item())
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(os.environ["COLLECTOR"])
+        record = {"host_addr": os.environ["HOST_ADDR"], "aioelastic_round": world.generation,
+                  "rank": world.rank, "world_size": world.world_size, "group_rank": "",
+                  "pid": os.getpid(), "started": time.time()}
+        sock.sendall(json.dumps(record).encode() + b"\\n")
+        try:
+            while True:
+                world.check()
+                total = torch.tensor([float(os.getpid())], dtype=torch.float64)
+                try:
+                    dist.all_reduce(total)
+                except RuntimeError as exc:
+                    print(f"gen {world.generation} pid {os.getpid()} left on: {exc}", flush=True)
+                    raise
+                print(f"gen {world.generation} step {step} sum {int(total.item())}", flush=True)
+                sock.sendall(b"beat\\n")
+                step += 1
+                time.sleep(0.05)
+        finally:
+            sock.close()
+"""
+"""A gloo worker: all_reduces its pid each step (the sum proves who was in the world) and
+reports each world it is in to the collector, with a beat per step."""
+
+
+@pytest.fixture(params=["abort", "no-abort"])
+async def gloo_job(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Job, bool]]:
+    """Three hosts, an in-place c10d job (the store on host 0) of gloo workers, one a host;
+    with the workers' abort, or with it turned off (``AIOELASTIC_WORKER_ABORT=0``)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    abort = request.param == "abort"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")  # the hosts share a host name: use eth0
+    if not abort:
+        monkeypatch.setenv(ABORT_SWITCH_ENV, "0")
+    workdir = Path(tempfile.mkdtemp(prefix="aioe-"))
+    collector = Collector(workdir / "records.sock")
+    try:
+        async with Network(3) as net, anyio.create_task_group() as tg:
+            await tg.start(collector.serve)
+            job = Job(net, workdir, collector)
+            script = workdir / "gloo_worker.py"
+            script.write_text(GLOO_WORKER)
+            await job.start(
+                tg,
+                net.hosts,
+                backend="c10d",
+                endpoint=await job.endpoint("c10d", net.hosts),
+                conf=CONF,
+                nnodes="2:3",
+                options=("--recovery", "in-place"),
+                script=script,
+            )
+            yield job, abort
+            await job.stop()
+            tg.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def sums(console: str) -> list[tuple[int, int]]:
+    """(generation, sum) of every step a host's workers printed."""
+    return [(int(g), int(t)) for g, t in re.findall(r"gen (\d+) step \d+ sum (\d+)", console)]
+
+
+async def test_gloo_survivors_leave_a_collective_with_a_partitioned_peer(
+    gloo_job: tuple[Job, bool],
+) -> None:
+    """Host 2 is cut off while every rank all_reduces with it (its worker never answers, nothing
+    is reset). With the workers' abort, the survivors' agents make them leave the collective
+    (gloo: their connections shut down) and they train on in a world of 2 in the same
+    processes. With the abort turned off, a survivor answers "unavailable" and its agent
+    restarts it, saying why (the other survivor may be restarted too, or leave when that one's
+    death breaks its collective). Either way nobody waits out gloo's own timeout (30 s)."""
+    job, abort = gloo_job
+    net, records = job.net, job.collector
+    a, b, c = net.hosts
+    first = await records.wait_for(lambda: records.world(net.hosts))
+    await records.wait_for(lambda: all(w.beats >= 3 for w in first))
+    await net.cut(c)
+    smaller = await records.wait_for(lambda: records.world([a, b]))
+    await records.wait_for(lambda: all(w.beats >= 3 for w in smaller))
+    survivors = {w.host: w.pid for w in first if w.host != c.addr}
+    generation = smaller[0].round
+    restarted = []
+    for host in (a, b):
+        console, pid = job.agent(host).console, survivors[host.addr]
+        assert (generation, sum(w.pid for w in smaller)) in sums(console), job.consoles()
+        assert "Timed out" not in console, job.consoles()
+        assert "restarting the worker group" not in console
+        if abort:
+            assert "collectives aborted (gloo: shut down" in console, job.consoles()
+            assert f"pid {pid} left on:" in console
+            assert "Connection closed by peer" in console
+            assert "restarting rank" not in console
+            continue
+        assert "collectives unavailable (turned off" in console, job.consoles()
+        found = re.search(rf"restarting rank \d \(pid {pid}\) to leave generation 1: (.*)", console)
+        if found is not None:
+            assert found.group(1).startswith("abort unavailable (")
+            restarted.append(pid)
+        else:  # it left when the restarted survivor's death broke its collective
+            assert f"pid {pid} left on:" in console, job.consoles()
+    in_smaller = {w.pid for w in smaller}
+    if abort:
+        assert in_smaller == set(survivors.values()), job.consoles()
+    else:
+        assert restarted, job.consoles()
+        assert in_smaller.isdisjoint(restarted)
+        assert in_smaller - set(survivors.values()), job.consoles()
