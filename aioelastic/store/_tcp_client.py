@@ -39,7 +39,7 @@ import anyio
 import anyio.abc
 
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
-from aioelastic.store._auth import check_proof, new_nonce, proof
+from aioelastic.store._client_core import ClientHandshake, check_reply
 from aioelastic.store._errors import (
     StoreClosedError,
     StoreConnectionError,
@@ -57,9 +57,7 @@ from aioelastic.store._tcp_codec import (
     FrameTooLargeError,
     Op,
     Reply,
-    Status,
     decode_reply,
-    encode_preamble,
     encode_request,
     request_encoders,
 )
@@ -227,45 +225,12 @@ class TCPStore(Store):
 
     async def _handshake(self, connection: ClientConnection) -> tuple[int, int]:
         """Say HELLO (and prove the token when asked); return the server's epoch and limit."""
-        token = self._token
-        client_nonce = new_nonce() if token else b""
-        await connection.send(encode_preamble() + encode_request(Op.HELLO, 0, client_nonce))
-        reply = await self._handshake_reply(connection)
-        server_nonce = b""
-        if reply.status is Status.CHALLENGE:
-            if not token:
-                raise StoreRefusedError(
-                    self.endpoint,
-                    "the server requires a token and this client has none; pass the server's "
-                    "token (TCPStore(token=...), --rdzv-conf token_file=PATH)",
-                )
-            (challenge,) = reply.fields
-            assert isinstance(challenge, bytes)
-            server_nonce = challenge
-            client_proof = proof(token, "client", client_nonce, server_nonce)
-            await connection.send(encode_request(Op.AUTH, 0, client_proof))
-            reply = await self._handshake_reply(connection)
-        if reply.status is not Status.WELCOME:
-            raise StoreProtocolError(f"expected WELCOME, got {reply.status.name}")
-        epoch, limit, server_proof = reply.fields
-        assert isinstance(epoch, int)
-        assert isinstance(limit, int)
-        assert isinstance(server_proof, bytes)
-        if token and not (
-            server_nonce and check_proof(token, "server", client_nonce, server_nonce, server_proof)
-        ):
-            raise StoreRefusedError(
-                self.endpoint,
-                "the server did not prove it holds this client's token, so it may not be the "
-                "job's store; start the server with the same token",
-            )
-        return epoch, limit
-
-    async def _handshake_reply(self, connection: ClientConnection) -> Reply:
-        reply = decode_reply(await connection.handshake_frame())
-        if reply.status is Status.REFUSED:
-            raise StoreRefusedError(self.endpoint, f"refused the connection: {reply.fields[0]!s}")
-        return reply
+        handshake = ClientHandshake(self.endpoint, self._token)
+        await connection.send(handshake.start())
+        while handshake.welcome is None:
+            if answer := handshake.receive(await connection.handshake_frame()):
+                await connection.send(answer)
+        return handshake.welcome
 
     async def _connect(self, within: float) -> ClientConnection:
         """Connect, retrying with exponential backoff for up to ``within`` seconds."""
@@ -445,7 +410,7 @@ class TCPStore(Store):
             raise StoreConnectionError(
                 self.endpoint, f"no reply to {op.name.lower()}({subject!r}) within {bound:g} s"
             )
-        return self._check_reply(call.reply)
+        return check_reply(call.reply, self.endpoint)
 
     async def _replace(self, connection: ClientConnection) -> None:
         """Abort a connection that stopped answering; the supervisor makes a new one."""
@@ -474,22 +439,6 @@ class TCPStore(Store):
         if call.op in (Op.GET, Op.WAIT, Op.MULTI_GET, Op.WAIT_FOR_CHANGE):
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 await connection.send(encode_request(Op.CANCEL, request_id))
-
-    def _check_reply(self, reply: Reply) -> Reply:
-        status = reply.status
-        if status < Status.TIMEOUT:
-            return reply
-        if status is Status.TIMEOUT:
-            keys, timeout = reply.fields
-            raise StoreTimeoutError(keys, timeout, self.endpoint)  # type: ignore[arg-type]
-        message = str(reply.fields[0])
-        if status is Status.VALUE_ERROR:
-            raise StoreValueError(message)
-        if status is Status.INVALID:
-            raise ValueError(message)
-        if status is Status.CLOSED:
-            raise StoreClosedError(message)
-        raise StoreProtocolError(f"the server refused the request: {message}")
 
     # -- the Store contract -----------------------------------------------------------------
 
