@@ -56,7 +56,8 @@ PUBLIC = {
         "get_rendezvous_handler", "handler_registry",
     },
     "aioelastic.store": {
-        "DEFAULT_TIMEOUT", "EtcdFailover", "EtcdLeaseLost", "EtcdStore", "EtcdStoreEvent",
+        "BlockingTCPStore", "DEFAULT_TIMEOUT", "EtcdFailover", "EtcdLeaseLost", "EtcdStore",
+        "EtcdStoreEvent",
         "EtcdStoreStatistics", "EtcdWatchResumed", "MemoryStore", "MemoryStoreStatistics",
         "PrefixStore", "Snapshot", "Store", "StoreClosedError", "StoreConnectionError",
         "StoreCredentials", "StoreError", "StoreOutcomeUnknownError", "StoreProtocolError",

@@ -4,6 +4,7 @@
 namespaced view of any store; ``TCPStoreServer`` and ``TCPStore`` share a store across hosts
 (the server also speaks torch's ``TCPStore`` protocol on the same port); ``TorchStoreListener``
 serves torch's protocol over any store.
+``BlockingTCPStore`` is the same protocol's client for synchronous code (blocking sockets).
 ``EtcdStore`` keeps it in an etcd v3 cluster (extra ``aioelastic[etcd]``; imported on first use,
 so importing this package never loads gRPC).
 """
@@ -11,6 +12,7 @@ so importing this package never loads gRPC).
 from typing import TYPE_CHECKING
 
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value
+from aioelastic.store._blocking import BlockingTCPStore
 from aioelastic.store._credentials import StoreCredentials
 from aioelastic.store._errors import (
     StoreClosedError,
@@ -50,6 +52,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "BlockingTCPStore",
     "EtcdFailover",
     "EtcdLeaseLost",
     "EtcdStore",

@@ -17,16 +17,24 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic.store import MemoryStore, PrefixStore, Store, TCPStore, TCPStoreServer
+from aioelastic.store import (
+    MemoryStore,
+    PrefixStore,
+    Store,
+    TCPStore,
+    TCPStoreServer,
+    TorchStoreListener,
+)
 from aioelastic.testing import ManualClock
+from tests.store.blocking_adapter import ThreadedBlockingStore
 
-BACKENDS = ["memory", "prefix", "tcp", "etcd"]
+BACKENDS = ["memory", "prefix", "tcp", "etcd", "blocking", "relay"]
 """Every store backend the conformance suite runs on."""
 
 ASYNCIO_ONLY: set[str] = {"etcd"}
 """Backends skipped on trio (their client library is asyncio-only)."""
 
-CLOCKED = {"memory", "prefix", "tcp"}
+CLOCKED = {"memory", "prefix", "tcp", "blocking", "relay"}
 """Backends whose TTLs and timeouts run on the ``clock`` fixture."""
 
 
@@ -111,6 +119,29 @@ async def tcp_server(clock: ManualClock) -> AsyncIterator[TCPStoreServer]:
 async def tcp_store(tcp_server: TCPStoreServer) -> AsyncIterator[TCPStore]:
     async with TCPStore("127.0.0.1", tcp_server.port) as store:
         yield store
+
+
+@pytest.fixture
+async def blocking_store(tcp_server: TCPStoreServer) -> AsyncIterator[Store]:
+    """The blocking client (a view under ``job/``, with a key outside it), each call in a
+    thread of its own connection."""
+    async with TCPStore("127.0.0.1", tcp_server.port) as outside:
+        await outside.set("outside", b"not under the prefix")
+    async with ThreadedBlockingStore("127.0.0.1", tcp_server.port, prefix="job") as store:
+        yield store
+
+
+@pytest.fixture
+async def relay_store(clock: ManualClock) -> AsyncIterator[TCPStore]:
+    """Our client through a listener relaying our protocol to another store."""
+    async with MemoryStore(clock=clock) as inner:
+        await inner.set("outside", b"not under the prefix")
+        relayed = PrefixStore("job", inner)
+        async with (
+            TorchStoreListener(relayed, native=True) as listener,
+            TCPStore("127.0.0.1", listener.port) as store,
+        ):
+            yield store
 
 
 def _backend_name(anyio_backend: Any) -> str:
