@@ -1,15 +1,19 @@
-"""A listener that serves only torch's ``TCPStore`` protocol, over any aioelastic store.
+"""A listener that serves torch's ``TCPStore`` protocol (and, asked, ours) over any store.
 
 The elastic agent runs one on loopback for its own workers, backed by the job's store (a
 :class:`~aioelastic.store.TCPStore` client, an etcd store, a prefix of either): torch's
-``init_process_group`` then meets the job's keyspace without any worker binding a port.
-:class:`~aioelastic.store.TCPStoreServer` speaks both protocols on one port instead; use this
-where the keys live elsewhere.
+``init_process_group`` then meets the job's keyspace without any worker binding a port. With
+``native=True`` the same port also serves aioelastic's own protocol (the async
+:class:`~aioelastic.store.TCPStore` and :class:`~aioelastic.store.BlockingTCPStore` clients),
+relayed to the same store (:mod:`._relay`): the two are told apart by their first bytes, as
+:class:`~aioelastic.store.TCPStoreServer` tells them, so workers with and without torch meet
+in one keyspace. Use the server where the keys live in it; use this where they live elsewhere.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
@@ -20,7 +24,11 @@ from anyio.abc import SocketAttribute
 
 from aioelastic._service import Service
 from aioelastic.store._api import Store
+from aioelastic.store._peers import OncePerPeer
+from aioelastic.store._relay import RelaySession
+from aioelastic.store._tcp_codec import DEFAULT_MAX_FRAME_SIZE
 from aioelastic.store._tcp_server import _is_loopback
+from aioelastic.store._tcp_session import SessionPolicy
 from aioelastic.store._tcp_transport import Link, serve_stream
 from aioelastic.store._torch_session import TorchService, TorchServiceStatistics
 
@@ -28,15 +36,25 @@ log = logging.getLogger("aioelastic.store.torch")
 
 
 class TorchStoreListener(Service):
-    """Serves torch ``TCPStore(host, port, is_master=False)`` clients over ``store``.
+    """Serves torch ``TCPStore(host, port, is_master=False)`` clients over ``store``; with
+    ``native=True``, aioelastic's store clients too.
 
     Loopback only unless ``expose=True``: torch clients cannot authenticate, so whoever
-    reaches the port can read and write every key of ``store``. ``port=0`` picks a free port
-    (:attr:`port`, once serving). The store is not closed on exit: the caller owns it.
+    reaches the port can read and write every key of ``store`` (our clients are not asked for
+    a token here either). ``port=0`` picks a free port (:attr:`port`, once serving). The store
+    is not closed on exit: the caller owns it.
     """
 
     def __init__(
-        self, store: Store, host: str = "127.0.0.1", port: int = 0, *, expose: bool = False
+        self,
+        store: Store,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        expose: bool = False,
+        native: bool = False,
+        handshake_timeout: float = 10.0,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
         if not expose and not _is_loopback(host):
             raise ValueError(
@@ -45,6 +63,11 @@ class TorchStoreListener(Service):
                 "listen on 127.0.0.1, or pass expose=True (--expose-torch-store) on purpose"
             )
         self.service = TorchService(store)
+        self.native = native
+        self.handshake_timeout = handshake_timeout
+        self.max_frame_size = max_frame_size
+        self.epoch = secrets.randbits(63)
+        self._unauthenticated = OncePerPeer()
         self.host = host
         self.requested_port = port
         self._port: int | None = None
@@ -59,9 +82,11 @@ class TorchStoreListener(Service):
         """Serve ``store`` (and fresh queues) to the connections opened from now on.
 
         Connections already open keep the store they started with, so a client of an earlier
-        attempt never writes into the next one's keys.
+        attempt never writes into the next one's keys; the epoch changes, so one of our clients
+        that reconnects learns that the keys it knew are gone.
         """
         self.service.use_store(store)
+        self.epoch = secrets.randbits(63)
 
     @property
     def port(self) -> int:
@@ -82,9 +107,20 @@ class TorchStoreListener(Service):
     def torch(self) -> TorchService:
         return self.service
 
-    def new_session(self, peer: str) -> None:
-        """Every connection speaks torch's protocol (there is no native session)."""
-        return None
+    def new_session(self, peer: str) -> RelaySession | None:
+        """Our protocol's session for a new connection (which hands a torch client over to a
+        torch session); None, so it speaks torch's at once, unless ``native``."""
+        if not self.native:
+            return None
+        policy = SessionPolicy(
+            epoch=self.epoch,
+            max_frame_size=self.max_frame_size,
+            handshake_timeout=self.handshake_timeout,
+            token=None,
+            torch_clients=True,
+            unauthenticated=self._unauthenticated,
+        )
+        return RelaySession(self.store, peer, policy)
 
     def spawn(self, function: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         """Run ``function(*args)`` in the listener's task group."""
@@ -92,7 +128,9 @@ class TorchStoreListener(Service):
             self._sessions.start_soon(function, *args)
 
     def opened(self, link: Link) -> None:
-        """The torch service counts its connections itself."""
+        """Start relaying a native connection (the torch service counts its own)."""
+        if isinstance(link.session, RelaySession):
+            self.spawn(link.session.serve, link.sender.send, link.sender.close)
 
     def closed(self, link: Link) -> None:
         """The torch service counts its connections itself."""
@@ -112,6 +150,7 @@ class TorchStoreListener(Service):
                     "torch store protocol served on %s for %s", self.endpoint, self.store.endpoint
                 )
                 task_status.started(self._port)
-                await listener.serve(partial(serve_stream, self))
+                serve = partial(serve_stream, self, handshake_timeout=self.handshake_timeout)
+                await listener.serve(serve)
         finally:
             self._sessions = None
