@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from aioelastic.store import BlockingTCPStore, PrefixStore, TCPStore
 from aioelastic.worker._abort import AbortWatch
 from aioelastic.worker._link import AgentLinkError, Link
 from aioelastic.worker._protocol import Enter, Hello, Trouble, WorldAssigned
@@ -82,16 +83,16 @@ class World:
     def store(self) -> Any:
         """A ``torch.distributed.Store`` scoped to this generation (created on first use).
 
-        Without torch it is an aioelastic :class:`~aioelastic.store.Store` instead, for async
-        workers: ``async with world:`` connects it (and closes it on leaving).
+        Without torch it is an aioelastic store, scoped the same way (the keys are the same
+        ones, so workers with and without torch meet): a
+        :class:`~aioelastic.store.BlockingTCPStore` for sync workers, and for async workers,
+        inside ``async with world:``, an async :class:`~aioelastic.store.Store`.
         """
         if self._store is None:
-            if not _has_torch():
-                raise AgentLinkError(
-                    "without torch, a world's store is an aioelastic store, opened by "
-                    "`async with world:` (use worker.async_worlds())"
-                )
-            self._store = _open_store(self._store_spec, self)
+            if _has_torch():
+                self._store = _open_store(self._store_spec, self)
+            else:
+                self._store = _open_blocking_store(self._store_spec, self)
         return self._store
 
     def init_process_group(self, backend: str = "gloo", **options: Any) -> None:
@@ -167,15 +168,20 @@ class World:
             if self._abort is not None:
                 self._abort.stop()
             _destroy_process_group()
+            if isinstance(self._store, BlockingTCPStore):
+                self._store.close()  # a view (its connection serves the next generation too)
 
     async def __aenter__(self) -> World:
-        spec = self._store_spec
-        if self._store is None and spec.get("kind") == "tcp" and not _has_torch():
-            from aioelastic.store import PrefixStore, TCPStore
-
-            self._client = TCPStore(str(spec["host"]), int(spec["port"]))
+        if self._store is None and not _has_torch():
+            # One connection per world: an async client's task group belongs to the task and
+            # the block that opened it, so it cannot outlive ``async with world:``.
+            try:
+                host, port, prefix = _aioelastic_address(self._store_spec, self)
+            except AgentLinkError:
+                return self.__enter__()  # no store to open: world.store says why, if asked
+            self._client = TCPStore(host, port, timeout=self.timeout.total_seconds())
             await self._client.__aenter__()
-            self._store = PrefixStore(str(spec["prefix"]), self._client)
+            self._store = PrefixStore(prefix, self._client)
         return self.__enter__()
 
     async def __aexit__(
@@ -228,18 +234,21 @@ def worlds() -> Iterator[World]:
     because the world ended waits for the next generation.
     """
     link = _say_hello()
-    if link is None:
-        yield _world_from_env()
-        return
-    while True:
-        while (assigned := link.next_world()) is None and link.no_more is None:
-            link.wait()
-        if assigned is None:
+    try:
+        if link is None:
+            yield _world_from_env()
             return
-        world = World(assigned, link)
-        yield world
-        if world._end_reason() is None:
-            return
+        while True:
+            while (assigned := link.next_world()) is None and link.no_more is None:
+                link.wait()
+            if assigned is None:
+                return
+            world = World(assigned, link)
+            yield world
+            if world._end_reason() is None:
+                return
+    finally:
+        _close_blocking_stores()
 
 
 async def async_worlds() -> AsyncIterator[World]:
@@ -327,6 +336,46 @@ def _open_store(spec: dict[str, Any], world: World) -> Any:
         )
         return dist.PrefixStore(prefix, base)
     raise AgentLinkError(f"the agent described a store this version cannot open: {spec!r}")
+
+
+_BLOCKING_STORES: dict[tuple[str, int], BlockingTCPStore] = {}
+"""This process's connection to each store its worlds were in, kept across generations."""
+
+
+def _aioelastic_address(spec: dict[str, Any], world: World) -> tuple[str, int, str]:
+    """Host, port and key prefix of a world's store for an aioelastic client."""
+    kind = spec.get("kind")
+    if kind == "tcp":
+        return str(spec["host"]), int(spec["port"]), str(spec["prefix"])
+    if kind == "env" and not spec["is_master"]:  # the agent's store (TORCHELASTIC_USE_AGENT_STORE)
+        return str(spec["host"]), int(spec["port"]), f"aioelastic/gen{world.generation}"
+    if kind == "env":
+        raise AgentLinkError(
+            "without torch, a world's store is the launcher's: run under `aioelastic run` (or "
+            "set TORCHELASTIC_USE_AGENT_STORE=True with MASTER_ADDR/MASTER_PORT naming an "
+            "aioelastic store); there is no torch here to host a store in rank 0"
+        )
+    raise AgentLinkError(
+        f"the agent described a store that only torch can open: {spec!r}; install torch"
+    )
+
+
+def _open_blocking_store(spec: dict[str, Any], world: World) -> BlockingTCPStore:
+    """This generation's view of the process's connection to the world's store (opened now if
+    there is none, or the one there is broke)."""
+    host, port, prefix = _aioelastic_address(spec, world)
+    timeout = world.timeout.total_seconds()
+    client = _BLOCKING_STORES.get((host, port))
+    if client is None or not client.usable:
+        client = BlockingTCPStore(host, port, timeout=timeout, connect_timeout=min(30.0, timeout))
+        _BLOCKING_STORES[host, port] = client
+    return client.scoped(prefix, timeout=timeout)
+
+
+def _close_blocking_stores() -> None:
+    while _BLOCKING_STORES:
+        _, client = _BLOCKING_STORES.popitem()
+        client.close()
 
 
 def _has_torch() -> bool:

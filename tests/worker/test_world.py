@@ -6,9 +6,10 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+from anyio.from_thread import start_blocking_portal
 
 from aioelastic import worker
-from aioelastic.store import TCPStoreServer
+from aioelastic.store import BlockingTCPStore, Store, StoreClosedError, TCPStoreServer
 from aioelastic.worker import _protocol as p
 from aioelastic.worker import _world
 
@@ -182,19 +183,99 @@ async def test_the_async_twin_waits_on_the_loop(agent: Agent) -> None:
 
 
 @pytest.mark.anyio
-async def test_without_torch_the_store_is_an_aioelastic_store(
+async def test_without_torch_async_with_opens_an_async_store(
     agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A worker without torch gets an aioelastic store of its generation from async with."""
+    """An async worker without torch gets an async store of its generation from async with,
+    closed on leaving it."""
     monkeypatch.setattr(_world, "_has_torch", lambda: False)
     async with TCPStoreServer() as server:
         store = {"kind": "tcp", "host": "127.0.0.1", "port": server.port, "prefix": "w/gen1"}
         agent.say(place(1, store=store))
         worlds = worker.async_worlds()
         world = await anext(worlds)
-        with pytest.raises(worker.AgentLinkError, match="opened by `async with world:`"):
-            _ = world.store
         async with world:
+            assert isinstance(world.store, Store)
             await world.store.set("ready", b"yes")
         assert await server.store.get("w/gen1/ready") == b"yes"
+        with pytest.raises(StoreClosedError):
+            await world.store.get("ready")
         await worlds.aclose()
+
+
+@pytest.fixture
+def served() -> Iterator[TCPStoreServer]:
+    """A TCP store server in a thread of its own (the test's blocking calls block only it)."""
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(TCPStoreServer()) as server,
+    ):
+        yield server
+
+
+def tcp(server: TCPStoreServer, generation: int) -> dict[str, object]:
+    return {"kind": "tcp", "host": "127.0.0.1", "port": server.port, "prefix": f"w/gen{generation}"}
+
+
+def test_without_torch_a_sync_world_has_a_blocking_store_of_its_generation(
+    agent: Agent, served: TCPStoreServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """world.store is a BlockingTCPStore view under the generation's prefix; the next
+    generation's view uses the same connection; leaving a world closes its view."""
+    monkeypatch.setattr(_world, "_has_torch", lambda: False)
+    agent.say(place(1, store=tcp(served, 1)))
+    worlds = worker.worlds()
+    first = next(worlds)
+    with first:
+        first.store.set("k", b"one")
+        agent.say(p.WorldEnded(1, "rank 1 failed"), place(2, store=tcp(served, 2)))
+        first.check()
+    with pytest.raises(StoreClosedError):
+        first.store.get("k")
+    second = next(worlds)
+    with second:
+        store = second.store
+        assert isinstance(store, BlockingTCPStore)
+        assert store.endpoint.endswith("under 'w/gen2/'")
+        assert store.check(["k"]) is False  # generation 1's key is not in generation 2's store
+        store.set("k", b"two")
+        assert store.get_prefix("").items == {"k": b"two"}
+        assert _world._BLOCKING_STORES[("127.0.0.1", served.port)] is not None
+        assert len(_world._BLOCKING_STORES) == 1  # one connection for both generations
+    assert list(worlds) == []
+    assert _world._BLOCKING_STORES == {}  # the loop ended: its connection is closed
+
+
+def test_a_broken_connection_is_not_reused_by_the_next_generation(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the store's connection broke (its server restarted), the next world opens a new one."""
+    monkeypatch.setattr(_world, "_has_torch", lambda: False)
+    with start_blocking_portal() as portal:
+        with portal.wrap_async_context_manager(TCPStoreServer()) as server:
+            agent.say(place(1, store=tcp(server, 1)))
+            worlds = worker.worlds()
+            with next(worlds) as first:
+                first.store.set("k", b"v")
+            port = server.port
+        with portal.wrap_async_context_manager(TCPStoreServer(port=port)) as again:
+            agent.say(p.WorldEnded(1, "node 1 was lost"), place(2, store=tcp(again, 2)))
+            second = next(worlds)
+            with second:
+                second.store.set("k", b"w")
+            assert portal.call(again.store.get, "w/gen2/k") == b"w"
+        worlds.close()
+
+
+def test_without_torch_nor_an_agent_store_the_error_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside aioelastic run, with no store to join and no torch to host one: a clear error."""
+    monkeypatch.delenv(p.WORKER_FD_ENV, raising=False)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(_world, "_LINK", None)
+    monkeypatch.setattr(_world, "_has_torch", lambda: False)
+    world = next(worker.worlds())
+    with pytest.raises(worker.AgentLinkError, match="run under `aioelastic run`"):
+        _ = world.store
