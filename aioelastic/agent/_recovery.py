@@ -854,7 +854,8 @@ class SharedInPlaceGroup(InPlaceGroup):
         scope = PrefixStore(f"aioelastic/inplace/{self.epoch}", self._job)
         self._log = PrefixStore("log", scope)
         with self._to_append, self._appends:
-            async with TorchStoreListener(PrefixStore("worlds", scope)) as self._worlds_listener:
+            worlds = TorchStoreListener(PrefixStore("worlds", scope), native=True)
+            async with worlds as self._worlds_listener:
                 await self._open_log()
                 yield
 
