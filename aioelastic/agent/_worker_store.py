@@ -62,7 +62,7 @@ class WorkerStore(Service):
             )
         self.handler = handler
         self.expose = expose
-        self._local = TorchStoreListener(MemoryStore(), LOOPBACK)  # its store: per attempt
+        self._local = TorchStoreListener(MemoryStore(), LOOPBACK, native=True)  # store: per attempt
 
     @property
     def listener(self) -> TorchStoreListener:
