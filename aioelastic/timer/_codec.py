@@ -15,6 +15,8 @@ import math
 import signal as _signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from json.scanner import make_scanner
+from typing import Any, cast
 
 from aioelastic.timer._events import RejectReason
 
@@ -151,18 +153,24 @@ def _request_from(obj: object, line: bytes) -> RequestFields | Rejection:
     return _diagnose(obj, line)
 
 
-def _decode_batch(lines: list[bytes]) -> list[object] | None:
-    """Decode lines that each look like one JSON object with one parser call (a burst of
-    requests costs one C-level parse, not a Python call per line); None if any line does
-    not, or the batch does not split back into one value per line: decode them one by one."""
-    for line in lines:
-        if line[:1] != b"{" or line[-1:] != b"}" or len(line) >= PIPE_BUF:
-            return None
-    try:
-        values = json.loads(b"[" + b",".join(lines) + b"]")
-    except (ValueError, RecursionError):
-        return None
-    return values if len(values) == len(lines) else None
+_SCAN = make_scanner(cast(Any, _JSON))
+"""The C scanner behind ``json.loads``: one value from exactly the given offset, and its end."""
+
+
+def _decode_line_fields(line: bytes) -> RequestFields | Rejection:
+    """:func:`_decode_fields`, fast for a well-formed line: the line alone is scanned by the C
+    parser (no per-line whitespace regex and checks of ``json.loads``) and must be exactly one
+    value; anything else takes the slow path, which says why. A line's result comes from its
+    own bytes only, so a crafted line can neither lend values to another nor take them."""
+    if len(line) < PIPE_BUF and line[:1] == b"{":
+        try:
+            text = line.decode()
+            value, end = _SCAN(text, 0)
+        except (UnicodeDecodeError, StopIteration, ValueError, RecursionError):
+            return _decode_fields(line)
+        if end == len(text):
+            return _request_from(value, line)
+    return _decode_fields(line)
 
 
 def _diagnose(obj: object, line: bytes) -> Rejection:
@@ -210,12 +218,7 @@ class LineDecoder:
         if self._skipping and lines:
             self._skipping = False
             del lines[0]
-        lines = [line for line in lines if line.strip()]
-        values = _decode_batch(lines) if len(lines) > 1 else None
-        if values is not None:
-            out = [_request_from(value, line) for value, line in zip(values, lines, strict=True)]
-        else:
-            out = [_decode_fields(line) for line in lines]
+        out = [_decode_line_fields(line) for line in lines if line.strip()]
         if self._skipping:
             tail = b""
         elif len(tail) >= PIPE_BUF:

@@ -157,3 +157,59 @@ def test_arbitrary_bytes_never_raise(data: bytes) -> None:
     """Garbage yields one result per non-blank complete line and never an exception."""
     out = LineDecoder().feed(data + b"\n")
     assert len(out) == sum(1 for line in data.split(b"\n") if line.strip())
+
+
+SMUGGLING = [
+    b'{"version": 1, "pid": 5, "scope_id": "s", "expiration_time": 10.0, "signal": 9, "x": "}',
+    b'{", "pid": 666}',
+    b'{"a": 1},{"b": 2}',
+]
+"""Three lines none of which is a request alone, which joined with commas in a JSON array read
+as three objects, the first a request for pid 666 that no line holds."""
+
+
+def test_lines_cannot_lend_each_other_values() -> None:
+    """Each line decodes from its own bytes only: lines that would merge when parsed together
+    are each rejected, and no request appears that no line holds."""
+    out = LineDecoder().feed(b"".join(line + b"\n" for line in SMUGGLING))
+    assert [decode_line(line) for line in SMUGGLING] == out
+    assert [type(x) for x in out] == [Rejection, Rejection, Rejection]
+
+
+_fragments = st.sampled_from(
+    [
+        b"{",
+        b"}",
+        b'"',
+        b",",
+        b":",
+        b" ",
+        b"[",
+        b"]",
+        b"\\",
+        b'"pid": 666',
+        b'"version": 1',
+        b'"scope_id": "s"',
+        b'"expiration_time": 1.5',
+        b'"signal": 9',
+        b"1",
+        b"-1",
+        b"null",
+        b"\xff",
+    ]
+)
+_lines = st.one_of(
+    requests.map(lambda r: encode(r)[:-1]),
+    st.lists(_fragments, max_size=30).map(b"".join),
+    st.sampled_from(SMUGGLING),
+    st.binary(max_size=60).map(lambda b: b.replace(b"\n", b"")),
+)
+
+
+@settings(deadline=None)
+@given(st.lists(_lines, max_size=30))
+def test_a_read_of_many_lines_decodes_as_each_line_alone(lines: list[bytes]) -> None:
+    """Whatever the lines hold, a read of many gives what decoding each alone gives, in order
+    (so a bad or crafted line costs itself only and cannot change another line's request)."""
+    out = LineDecoder().feed(b"".join(line + b"\n" for line in lines))
+    assert [decode_line(line) for line in lines if line.strip()] == out
