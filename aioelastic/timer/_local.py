@@ -86,7 +86,7 @@ class LocalTimerServer(TimerServerBase):
                 else:
                     self._cancels[key] = item.cancel
             requests = [item.request for item in batch]
-            self._apply((r.pid, r.scope_id, r.expiration_time, r.signal) for r in requests)
+            self._apply([(r.pid, r.scope_id, r.expiration_time, r.signal) for r in requests])
 
     def _admit(self, pid: int) -> Rejection | None:
         return None

@@ -14,7 +14,7 @@ import abc
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVarTuple
 
 import anyio
@@ -45,6 +45,24 @@ EventCallback = Callable[[TimerEvent], None]
 PosArgs = TypeVarTuple("PosArgs")
 
 _LOGGED_REJECTIONS = 10
+
+
+class ProcessGone(Rejection):
+    """What ``_admit`` answers for a process that had exited by the time its acquire was read.
+
+    The line was written while it lived, so the acquire is honoured if the same read also
+    holds its release (it did hold the timer, and gave it back before exiting); otherwise it
+    is rejected as no such process, since nothing is left to watch.
+    """
+
+
+def _last_releases(items: list[RequestFields | Rejection]) -> dict[tuple[int, str], int]:
+    """The position of the last release of each ``(pid, scope_id)`` among ``items``."""
+    return {
+        (item[0], item[1]): index
+        for index, item in enumerate(items)
+        if type(item) is tuple and item[2] < 0
+    }
 
 
 def as_request(timer: Timer) -> TimerRequest:
@@ -162,13 +180,20 @@ class TimerServerBase(Service):
         assert self._task_group is not None
         self._task_group.start_soon(func, *args)
 
-    def _apply(self, items: Iterable[RequestFields | Rejection]) -> None:
-        """Apply decoded requests in order; a rejection costs only its own line."""
+    def _apply(self, items: list[RequestFields | Rejection]) -> None:
+        """Apply decoded requests in order; a rejection costs only its own line.
+
+        The requests of one read are judged as of when they were written: an acquire from a
+        process gone by now stands if a release of the same scope follows in ``items`` (see
+        :class:`ProcessGone`), so a process that acquires, releases and exits before the
+        server reads loses nothing, however long its requests waited in the pipe.
+        """
         now, wall = self._clock.now(), self._wall_clock()
         offset = now - wall
         heap, emit, admit = self._heap, bool(self._subscribers), self._admit
         earliest = math.inf
         requests = acquires = releases = 0
+        released: dict[tuple[int, str], int] | None = None
         for item in items:
             requests += 1
             if isinstance(item, Rejection):
@@ -181,14 +206,22 @@ class TimerServerBase(Service):
                     self._emit(TimerReleased(pid, scope_id))
                 continue
             rejection = admit(pid)
-            if rejection is not None:
+            deadline = expiration_time + offset
+            if rejection is None:
+                if deadline < earliest:
+                    earliest = deadline
+            elif type(rejection) is ProcessGone:
+                if released is None:
+                    released = _last_releases(items)
+                if released.get((pid, scope_id), -1) < requests:  # this item is requests - 1
+                    self._reject(rejection)
+                    continue
+                # Armed until its release below, in this call: it can never expire.
+            else:
                 self._reject(rejection)
                 continue
             acquires += 1
-            deadline = expiration_time + offset
             heap.arm_at(pid, scope_id, deadline, expiration_time, signal)
-            if deadline < earliest:
-                earliest = deadline
             if emit:
                 self._emit(TimerAcquired(pid, scope_id, deadline, expiration_time, signal))
         self._requests += requests

@@ -336,10 +336,13 @@ async def test_release_of_unknown_scope_is_a_no_op(
     assert recorder.of(TimerReleased) == []
 
 
+@pytest.mark.parametrize("coalesce", [None, 0.05])
 async def test_ten_processes_ten_nested_timers_lose_nothing(
-    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn
+    fifo: str, recorder: Recorder, clock: ManualClock, spawn: Spawn, coalesce: float | None
 ) -> None:
-    """10 processes each nesting 10 timers: all 100 acquires and 100 releases arrive."""
+    """10 processes each nesting 10 timers: all 100 acquires and 100 releases arrive, with
+    the default gathering window and with one long enough for most processes to exit before
+    the server reads what they wrote."""
     code = """
 import sys
 from contextlib import ExitStack
@@ -349,7 +352,8 @@ with ExitStack() as stack:
     for depth in range(10):
         stack.enter_context(timer.expires(after=600, scope=f"level-{depth}", client=client))
 """
-    async with server_for(fifo, recorder, clock) as server:
+    options = {} if coalesce is None else {"coalesce": coalesce}
+    async with server_for(fifo, recorder, clock, **options) as server:
         workers = [spawn(code, fifo) for _ in range(10)]
         for worker in workers:
             assert await wait_exit(worker) == 0
@@ -522,6 +526,49 @@ async def test_vanished_pid_is_rejected(
         arm(fifo, gone.pid, "s", wall() + 10)
         [rejected] = await rejections(recorder, 1)
     assert rejected.reason == RejectReason.NO_SUCH_PROCESS
+
+
+async def test_a_gone_process_that_released_in_the_same_read_loses_nothing(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
+) -> None:
+    """A process that acquired, released and exited before the server read either line has
+    both honoured (it held the timer when it wrote), and nothing stays armed for it."""
+    gone = spawn()
+    gone.kill()
+    gone.wait()
+    acquire = TimerRequest(gone.pid, "s", wall() + 10, 9)
+    release = TimerRequest(gone.pid, "s", -1, 9)
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        write_raw(fifo, encode_request(acquire) + encode_request(release))
+        [released] = await recorder.wait_count(TimerReleased, 1)
+        stats = server.statistics()
+    assert released == TimerReleased(gone.pid, "s")
+    assert [e.scope_id for e in recorder.of(TimerAcquired)] == ["s"]
+    assert recorder.of(RequestRejected) == []
+    assert (stats.acquires, stats.releases, stats.active_timers, stats.rejected) == (1, 1, 0, {})
+
+
+async def test_a_gone_process_keeps_only_the_timers_it_released(
+    fifo: str, recorder: Recorder, clock: ManualClock, wall: WallClock, spawn: Spawn
+) -> None:
+    """Of a gone process's acquires read together, the one released later in the read stands
+    and the one never released is rejected as no such process (nothing is left to watch)."""
+    gone = spawn()
+    gone.kill()
+    gone.wait()
+    lines = [
+        TimerRequest(gone.pid, "kept", wall() + 10, 9),
+        TimerRequest(gone.pid, "held", wall() + 10, 9),
+        TimerRequest(gone.pid, "kept", -1, 9),
+    ]
+    async with server_for(fifo, recorder, clock, wall_clock=wall) as server:
+        write_raw(fifo, b"".join(encode_request(r) for r in lines))
+        await recorder.wait_count(TimerReleased, 1)
+        [rejected] = await rejections(recorder, 1)
+        stats = server.statistics()
+    assert [e.scope_id for e in recorder.of(TimerAcquired)] == ["kept"]
+    assert (rejected.reason, rejected.pid) == (RejectReason.NO_SUCH_PROCESS, gone.pid)
+    assert (stats.acquires, stats.releases, stats.active_timers) == (1, 1, 0)
 
 
 async def test_pid_policy_leaves_other_processes_alone(
