@@ -57,9 +57,10 @@ def line(pid: int, scope: str, expiration: float, signum: int) -> bytes:
 STACKS_DIR = "AIOELASTIC_STACK_DIR"
 
 
-def host_ours(path: str, capture_with: str | None = None) -> None:
+def host_ours(path: str, capture_with: str | None = None, coalesce: float | None = None) -> None:
     """Our server; with ``capture_with`` (py-spy, faulthandler) the agent's stack capture runs
-    before each reap, as ``aioelastic run`` does (workers' faulthandler files in $STACKS_DIR)."""
+    before each reap, as ``aioelastic run`` does (workers' faulthandler files in $STACKS_DIR);
+    ``coalesce`` replaces the server's default gathering window (kind ``ours@SECONDS``)."""
     import anyio
 
     from aioelastic.agent._forensics import STACK_SIGNAL, capture, find_py_spy
@@ -80,7 +81,8 @@ def host_ours(path: str, capture_with: str | None = None) -> None:
 
     async def serve() -> None:
         hook = before_reap if capture_with else None
-        async with FileTimerServer(path, "bench", before_reap=hook) as server:
+        options = {} if coalesce is None else {"coalesce": coalesce}
+        async with FileTimerServer(path, "bench", before_reap=hook, **options) as server:
             os.write(1, b"ready\n")
             buffer = b""
             while True:
@@ -337,14 +339,42 @@ def row(name: str, ours: float, torch: float | None, unit: str, lower_is_better:
     return f"{name:<38} {ours:>12.4g} {torch:>12.4g} {ratio:>7.1f}x  {unit}"
 
 
+def one_client(kinds: list[str], args: argparse.Namespace) -> None:
+    """Server CPU per request and rate of one client writing flat out, each host kind taking
+    its turn ``--repeat`` times (medians), so all see the same minutes of the machine's load."""
+    writer = "torch" if "torch" in kinds else "ours"
+    turns: dict[str, list[tuple[float, int, float]]] = {kind: [] for kind in kinds}
+    for _ in range(args.repeat):
+        for kind in kinds:
+            with hosted(kind) as host:
+                turns[kind].append(throughput(host, writer, 1, args.requests))
+    print(f"one {writer} client, {args.requests} requests, median of {args.repeat} turns")
+    print(f"{'server':<14} {'CPU/request us':>15} {'req/s':>10} {'pipe full':>10}  (all turns)")
+    for kind, column in turns.items():
+        rate, full, cost = (statistics.median(values) for values in zip(*column, strict=True))
+        every = " ".join(f"{turn[2]:.1f}" for turn in column)
+        print(f"{kind:<14} {cost:>15.2f} {rate:>10.0f} {full:>10.0f}  ({every})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=30, help="workers reaped per latency row")
     parser.add_argument("--requests", type=int, default=4000, help="requests per client")
     parser.add_argument("--repeat", type=int, default=3, help="turns per throughput figure")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU sampling")
+    parser.add_argument(
+        "--one-client",
+        nargs="*",
+        type=float,
+        metavar="COALESCE",
+        help="measure only the server CPU per request of one client, our server with its "
+        "default window and with each COALESCE window (s), turn by turn with torch's",
+    )
     args = parser.parse_args()
     kinds = ["ours"] + (["torch"] if importlib.util.find_spec("torch") else [])
+    if args.one_client is not None:
+        one_client(kinds + [f"ours@{seconds:g}" for seconds in args.one_client], args)
+        return
     results: dict[str, dict[str, float]] = {kind: {} for kind in kinds}
     writer = "torch" if "torch" in kinds else "ours"
     for kind in kinds:
@@ -420,6 +450,8 @@ if __name__ == "__main__":
         kind = sys.argv[2]
         if kind.startswith("ours-"):
             host_ours(sys.argv[3], capture_with=kind.removeprefix("ours-"))
+        elif kind.startswith("ours@"):
+            host_ours(sys.argv[3], coalesce=float(kind.removeprefix("ours@")))
         else:
             {"ours": host_ours, "torch": host_torch}[kind](sys.argv[3])
     elif len(sys.argv) > 1 and sys.argv[1] == "client":

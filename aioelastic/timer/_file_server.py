@@ -139,7 +139,7 @@ class FileTimerServer(TimerServerBase):
         before_reap: BeforeReap | None = None,
         hook_timeout: float = 5.0,
         pipe_size: int = 1 << 20,
-        coalesce: float = 0.001,
+        coalesce: float = 0.01,
         clock: Clock | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
