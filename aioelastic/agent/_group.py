@@ -72,6 +72,8 @@ class _Worker:
     ranks: WorkerRanks
     process: WorkerProcess
     error_file: str
+    pumps: tuple[StreamPump, ...] = ()
+    """What copies its stdout and stderr to the console (empty where nothing does)."""
     ended_at: float | None = None
     """When the agent saw it end, on the monotonic clock (``time.monotonic()``)."""
 
@@ -257,8 +259,10 @@ class WorkerGroup:
         tag: str | None = None,
         extra_env: Mapping[str, str] | None = None,
         pass_fds: Sequence[int] = (),
+        shown_as: str | None = None,
     ) -> _Worker:
-        """Start one worker; ``tag`` (default: its local rank) names its error file."""
+        """Start one worker; ``tag`` (default: its local rank) names its error file;
+        ``shown_as`` replaces its ranks in its console prefix (a spare holds none)."""
         spec, info = self.spec, self.info
         tag = str(ranks.local_rank) if tag is None else tag
         if self._attempt_dir is not None:
@@ -285,7 +289,10 @@ class WorkerGroup:
         if spec.numa_binding is not None:
             argv = numa_bound_argv(argv, ranks.local_rank, spec.numa_binding)
         prefix = line_prefix(
-            spec.logs.line_prefix, rank=ranks.rank, local_rank=ranks.local_rank, role_name=spec.role
+            spec.logs.line_prefix,
+            rank=ranks.rank if shown_as is None else shown_as,
+            local_rank=ranks.local_rank if shown_as is None else shown_as,
+            role_name=spec.role,
         )
         out_copy, err_copy = self._filtered_copies()
         out = open_stream(
@@ -314,7 +321,8 @@ class WorkerGroup:
                 scope = anyio.CancelScope(shield=True)
                 self._pump_scopes.append(scope)
                 pumps.start_soon(self._relay, stream.pump, scope)
-        return _Worker(ranks, process, str(error_file))
+        copies = tuple(stream.pump for stream in (out, err) if stream.pump is not None)
+        return _Worker(ranks, process, str(error_file), copies)
 
     def _laid_out(self) -> Mapping[int, Any]:
         """This attempt's streams per local rank from the spec's layout, asked once."""

@@ -67,7 +67,7 @@ def make_run_log_dir(log_dir: str | None, run_id: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=base))
 
 
-def line_prefix(template: str, *, rank: int, local_rank: int, role_name: str) -> bytes:
+def line_prefix(template: str, *, rank: int | str, local_rank: int | str, role_name: str) -> bytes:
     """Expand a console prefix template for one worker."""
     text = Template(template).safe_substitute(rank=rank, local_rank=local_rank, role_name=role_name)
     return text.encode()
@@ -191,6 +191,10 @@ class StreamPump:
             return
         shown, self._at_line_start = prefix_lines(chunk, self._prefix, self._at_line_start)
         self._emit(shown)
+
+    def retitle(self, prefix: bytes) -> None:
+        """Prefix the lines from now on with ``prefix`` (a spare placed, a rank changed)."""
+        self._prefix = prefix
 
     def line_ended_by_others(self) -> None:
         """Another worker's output ended this stream's open line: prefix the next byte anew."""

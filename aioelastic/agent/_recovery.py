@@ -56,6 +56,7 @@ from aioelastic.agent._events import (
     WorkerSucceeded,
 )
 from aioelastic.agent._group import Outcome, WorkerGroup, _Worker
+from aioelastic.agent._logs import line_prefix
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.rendezvous import NodeLost as RendezvousNodeLost
 from aioelastic.rendezvous import RendezvousEvent, RendezvousInfo
@@ -101,6 +102,11 @@ def encode_generation(machine: g.GenerationMachine, pids: Mapping[g.WorkerKey, i
         }
     ).encode()
 
+
+SPARE_ENV = {"RANK": "-1", "LOCAL_RANK": "-1", "ROLE_RANK": "-1", "AIOELASTIC_SPARE": "1"}
+"""What a spare's environment says of its ranks until it is placed: it holds none (-1, so
+``init_process_group("env://")`` in a spare fails instead of joining as someone's rank);
+``worker.worlds()`` sets the ranks of each world it yields."""
 
 VERDICT_GRACE = 2.0
 """How long a worker whose ``with world:`` raised waits to hear that its world ended before the
@@ -457,6 +463,7 @@ class InPlaceGroup(WorkerGroup):
                     linked.worker.ranks = WorkerRanks(  # what its events and reports say
                         place.local_rank, place.rank, place.world_size, place.rank, place.world_size
                     )
+                    self._retitle(linked.worker, place)
                     self._send(command.worker, self._world_message(place))
                 case g.EndWorld():
                     now = anyio.current_time()
@@ -588,8 +595,21 @@ class InPlaceGroup(WorkerGroup):
     # -- processes and links --------------------------------------------------------------------
 
     def _ranks_for(self, slot: int | None) -> WorkerRanks:
-        """The environment's ranks of ``slot`` (a spare is started with slot 0's)."""
+        """The ranks ``slot`` is started with (a spare: slot 0's, for its streams and binding;
+        its environment and console say it holds none, see :data:`SPARE_ENV`)."""
         return self.ranks[slot or 0]
+
+    def _retitle(self, worker: _Worker, place: g.Place) -> None:
+        """Show ``worker``'s console lines under the rank it now holds (a spare placed, or a
+        survivor whose rank changed)."""
+        prefix = line_prefix(
+            self.spec.logs.line_prefix,
+            rank=place.rank,
+            local_rank=place.local_rank,
+            role_name=self.spec.role,
+        )
+        for pump in worker.pumps:
+            pump.retitle(prefix)
 
     def _spawn_linked(self, key: g.WorkerKey, slot: int | None) -> None:
         ours, theirs = socket.socketpair()
@@ -598,6 +618,7 @@ class InPlaceGroup(WorkerGroup):
             WORKER_FD_ENV: str(theirs.fileno()),
             ABORT_FD_ENV: str(their_abort.fileno()),
             "AIOELASTIC_RECOVERY": "in-place",
+            **(SPARE_ENV if slot is None else {}),
         }
         try:
             worker = self._spawn(
@@ -606,6 +627,7 @@ class InPlaceGroup(WorkerGroup):
                 tag=f"{slot if slot is not None else 'spare'}.{key.serial}",
                 extra_env=env,
                 pass_fds=(theirs.fileno(), their_abort.fileno()),
+                shown_as="spare" if slot is None else None,
             )
         except BaseException:
             ours.close()
@@ -654,7 +676,6 @@ class InPlaceGroup(WorkerGroup):
                     return
                 for message in messages:
                     self._tell.send_nowait(_Said(key, message))
-
 
     async def _read_abort_answers(self, key: g.WorkerKey, scope: anyio.CancelScope) -> None:
         sock, lines = self._linked[key].abort, AbortLines()

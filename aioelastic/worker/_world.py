@@ -244,6 +244,7 @@ def worlds() -> Iterator[World]:
             if assigned is None:
                 return
             world = World(assigned, link)
+            _note_in_environment(world)
             yield world
             if world._end_reason() is None:
                 return
@@ -263,12 +264,29 @@ async def async_worlds() -> AsyncIterator[World]:
         if assigned is None:
             return
         world = World(assigned, link)
+        _note_in_environment(world)
         yield world
         if world._end_reason() is None:
             return
 
 
 _LINK: Link | None = None
+
+SPARE_ENV = "AIOELASTIC_SPARE"
+"""Set (to ``1``) in a spare's environment until it is placed; its ranks there are ``-1``."""
+
+
+def _note_in_environment(world: World) -> None:
+    """Make torch's variables say this process's place in ``world`` (a spare's said it held
+    none; a survivor's rank or the world's size may have changed), for code that reads them."""
+    os.environ.update(
+        RANK=str(world.rank),
+        LOCAL_RANK=str(world.local_rank),
+        WORLD_SIZE=str(world.world_size),
+        ROLE_RANK=str(world.rank),
+        ROLE_WORLD_SIZE=str(world.world_size),
+    )
+    os.environ.pop(SPARE_ENV, None)
 
 
 def _say_hello() -> Link | None:

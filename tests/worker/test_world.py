@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 
@@ -40,7 +41,10 @@ def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
     ours, theirs = socket.socketpair()
     monkeypatch.setenv(p.WORKER_FD_ENV, str(theirs.detach()))
     monkeypatch.setattr(_world, "_LINK", None)
+    environment = dict(os.environ)  # worlds() writes each world's ranks there
     yield Agent(ours)
+    os.environ.clear()
+    os.environ.update(environment)
     ours.close()
     if _world._LINK is not None:
         _world._LINK.close()
@@ -114,6 +118,19 @@ def test_the_worker_says_hello_and_gets_its_world(agent: Agent) -> None:
         pass
     assert [type(m) for m in agent.heard()] == [p.Hello, p.Enter]
     assert list(worlds) == []  # left normally: the training is over
+
+
+def test_each_world_puts_its_ranks_in_torchs_variables(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spare started with RANK=-1 finds its place's ranks in its environment once placed."""
+    for name, value in {"RANK": "-1", "LOCAL_RANK": "-1", "AIOELASTIC_SPARE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    agent.say(place(3, 1, world_size=4))
+    next(worker.worlds())
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
+    assert [os.environ[name] for name in names] == ["1", "1", "4", "1", "4"]
+    assert "AIOELASTIC_SPARE" not in os.environ
 
 
 def test_check_raises_once_the_world_ended_and_with_world_goes_on(agent: Agent) -> None:

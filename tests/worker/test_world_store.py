@@ -24,6 +24,7 @@ from tests.agent.test_inplace_nodes import CONF, agent, consoles, rendezvous
 pytestmark = pytest.mark.anyio
 
 STORE_WORKER = str(Path(__file__).parent / "workers" / "store_worker.py")
+SPARE_WORKER = str(Path(__file__).parent / "workers" / "spare_env.py")
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "worker_store_plain.py")
 
 __all__ = ["consoles", "rendezvous"]  # fixtures, used by name
@@ -159,3 +160,26 @@ async def test_under_restart_recovery_the_world_store_is_the_agents(
             status = await run.wait()
     assert status == 0, run
     assert set(check_each_generation_saw_its_members(run.out.text)) == {1}
+
+
+async def test_a_spare_claims_no_rank_until_it_is_placed(tmp_path: Path) -> None:
+    """A spare's RANK/LOCAL_RANK/ROLE_RANK say -1 and its console lines "spare" until it takes
+    a rank; then its environment and its console prefix say that rank."""
+    finish = tmp_path / "finish"
+    argv = [
+        "--standalone", "--recovery", "in-place", "--nproc-per-node", "2", "--spares", "1",
+        "--tee", "3", "--log-dir", str(tmp_path / "logs"),
+        SPARE_WORKER, "--exit-when", str(finish),
+    ]  # fmt: skip
+    with anyio.fail_after(BOUND * 2):
+        async with agent(*argv) as run:
+            await run.out.wait_for("gen 2 rank 1 pid")
+            finish.touch()
+            status = await run.wait()
+    assert status == 0, run
+    spare = int(re.findall(r"started a spare worker: pid (\d+)", run.err.text)[0])
+    unplaced = "RANK=-1 LOCAL_RANK=-1 ROLE_RANK=-1 AIOELASTIC_SPARE=1"
+    assert f"[spare]: asking pid {spare} {unplaced}" in run.out.text
+    placed = "RANK=1 LOCAL_RANK=1 ROLE_RANK=1 AIOELASTIC_SPARE=-"
+    assert f"[1]: gen 2 rank 1 pid {spare} {placed}" in run.out.text
+    assert "[0]: asking pid" in run.out.text  # the others as before
