@@ -30,9 +30,10 @@ import math
 import random
 import select
 import socket
+import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self, cast
 
@@ -56,6 +57,7 @@ from aioelastic.store._tcp_codec import (
     Op,
     Reply,
     decode_reply,
+    encode_request,
     request_encoders,
 )
 
@@ -86,6 +88,18 @@ class _Broken(Exception):
         self.too_large = too_large
 
 
+class _Interrupted(Exception):
+    """Carries the exception an interrupt's check raised out of a call."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+Interrupt = tuple[socket.socket, Callable[[], object]]
+"""A socket to watch while a wait blocks, and the check to run when it is readable."""
+
+
 class _Connection:
     """The socket, its frame reader and request ids; shared by a client and its views."""
 
@@ -101,9 +115,21 @@ class _Connection:
         self.broken: str | None = None
         self.closed = False
         self.busy = False
+        # Blocking mode with the kernel's timeouts (SO_RCVTIMEO/SO_SNDTIMEO): a Python socket
+        # timeout would poll() before every send and receive, two more system calls a call.
+        sock.settimeout(None)
+        self._bound = -1.0
 
-    def call(self, op: Op, subject: str, fields: tuple[Field, ...], bound: float) -> Reply:
-        """Send one request and return its reply, within ``bound`` seconds."""
+    def call(
+        self,
+        op: Op,
+        subject: str,
+        fields: tuple[Field, ...],
+        bound: float,
+        interrupt: Interrupt | None = None,
+    ) -> Reply:
+        """Send one request and return its reply, within ``bound`` seconds (a wait with
+        ``interrupt``: until its check raises, see :meth:`BlockingTCPStore.scoped`)."""
         with self.lock:
             if self.closed:
                 raise StoreClosedError(f"the store client for {self.endpoint} was closed")
@@ -123,7 +149,9 @@ class _Connection:
                 )
             self.busy = True
             try:
-                return self._exchange(op, subject, request_id, frame, bound)
+                return self._exchange(op, subject, request_id, frame, bound, interrupt)
+            except _Interrupted as interrupted:
+                raise interrupted.error from None
             except _Broken as broken:
                 self.broken = broken.reason
                 if self.closed:
@@ -151,18 +179,26 @@ class _Connection:
                 if self.closed or self.broken is not None:
                     self.sock.close()
 
-    def _exchange(self, op: Op, subject: str, request_id: int, frame: bytes, bound: float) -> Reply:
+    def _exchange(
+        self,
+        op: Op,
+        subject: str,
+        request_id: int,
+        frame: bytes,
+        bound: float,
+        interrupt: Interrupt | None,
+    ) -> Reply:
         deadline = time.monotonic() + bound
-        sock = self.sock
+        self._set_bound(bound)
         try:
-            sock.settimeout(None if math.isinf(bound) else max(bound, 0.001))
-            sock.sendall(frame)
-        except TimeoutError:
+            self.sock.sendall(frame)
+        except BlockingIOError:
             raise _Broken(
                 f"could not send {op.name.lower()} within {bound:g} s", sent=True
             ) from None
         except OSError as error:
             raise _Broken(f"sending failed: {error}", sent=True) from None
+        first = True
         while True:
             for index, body in enumerate(self.replies):
                 try:
@@ -175,18 +211,55 @@ class _Connection:
                     del self.replies[: index + 1]
                     return reply
             self.replies.clear()  # replies to calls that gave up: nobody waits for them
-            self._receive(op, subject, deadline, bound)
+            if interrupt is not None and interrupt[0].fileno() >= 0:  # (closed: no interrupt)
+                self._wait_readable(request_id, deadline, interrupt)
+            elif not first:  # a reply in pieces: the rest gets what is left of the bound
+                self._set_bound(max(deadline - time.monotonic(), 0.001))
+            first = False
+            self._receive(op, subject, bound)
 
-    def _receive(self, op: Op, subject: str, deadline: float, bound: float) -> None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise _Broken(
-                f"no reply to {op.name.lower()}({subject!r}) within {bound:g} s", sent=True
-            )
+    def _set_bound(self, bound: float) -> None:
+        """Bound each send and receive by ``bound`` seconds (inf: unbounded)."""
+        if bound == self._bound:
+            return
+        seconds = 0.0 if math.isinf(bound) else max(bound, 0.001)
+        timeval = struct.pack("ll", int(seconds), int(seconds % 1 * 1_000_000))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        self._bound = bound
+
+    def _wait_readable(self, request_id: int, deadline: float, interrupt: Interrupt) -> None:
+        """Wait until the socket is readable; whenever the interrupt's socket is, run its
+        check, and if that raises, withdraw the request and raise :class:`_Interrupted`."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        poller.register(interrupt[0], select.POLLIN)
+        while True:
+            remaining = deadline - time.monotonic()
+            if math.isinf(remaining):
+                ready = poller.poll()
+            else:
+                ready = poller.poll(max(remaining, 0) * 1000)
+            if not ready or any(fd == self.sock.fileno() for fd, _ in ready):
+                return  # the receive says what happened (a timeout included)
+            try:
+                interrupt[1]()
+            except BaseException as error:
+                self._withdraw(request_id)
+                raise _Interrupted(error) from None
+
+    def _withdraw(self, request_id: int) -> None:
+        """Tell the server to drop a wait nobody waits for (its late reply, if any, is
+        skipped by its id)."""
         try:
-            self.sock.settimeout(None if math.isinf(remaining) else remaining)
+            self.sock.sendall(encode_request(Op.CANCEL, request_id))
+        except OSError as error:
+            self.broken = f"withdrawing an interrupted wait failed: {error}"
+
+    def _receive(self, op: Op, subject: str, bound: float) -> None:
+        try:
             data = self.sock.recv(_RECEIVE_SIZE)
-        except TimeoutError:
+        except BlockingIOError:
             raise _Broken(
                 f"no reply to {op.name.lower()}({subject!r}) within {bound:g} s", sent=True
             ) from None
@@ -211,11 +284,15 @@ class _Connection:
             return True  # a call is in progress on it
         try:
             readable, _, _ = select.select([self.sock], [], [], 0)
-            if readable:  # nothing is pending, so this is the server's close or stray bytes
-                self.broken = "the server closed the connection (or sent bytes nobody asked for)"
+            if readable and not self.sock.recv(1, socket.MSG_PEEK):  # (else: a late reply)
+                self.broken = "the server closed the connection"
                 self.sock.close()
                 return False
             return True
+        except OSError as error:
+            self.broken = f"the connection failed: {error}"
+            self.sock.close()
+            return False
         finally:
             self.lock.release()
 
@@ -262,6 +339,7 @@ class BlockingTCPStore:
         )
         self._owner = True
         self._closed = False
+        self._interrupt: Interrupt | None = None
 
     # -- the connection -----------------------------------------------------------------------
 
@@ -281,11 +359,21 @@ class BlockingTCPStore:
         server (checked without waiting)."""
         return not self._closed and self._connection.usable()
 
-    def scoped(self, prefix: str, *, timeout: float | None = None) -> BlockingTCPStore:
+    def scoped(
+        self,
+        prefix: str,
+        *,
+        timeout: float | None = None,
+        interrupt: Interrupt | None = None,
+    ) -> BlockingTCPStore:
         """A view of this client's connection in which every key lives under ``prefix/``.
 
         As :class:`~aioelastic.store.PrefixStore`: closing the view leaves the connection open;
         ``num_keys`` counts the keys under the prefix. ``timeout`` defaults to this client's.
+        With ``interrupt=(sock, check)``, a wait of the view (``get``, ``multi_get``, ``wait``,
+        ``wait_for_change``) calls ``check()`` whenever ``sock`` becomes readable; if it
+        raises, the wait is withdrawn from the server and the exception propagates, and the
+        connection stays usable (a world's store: its wait ends when the world does).
         """
         if not isinstance(prefix, str):
             raise TypeError(f"the prefix must be str, not {type(prefix).__name__}")
@@ -296,6 +384,7 @@ class BlockingTCPStore:
         view._connection = self._connection
         view._owner = False
         view._closed = False
+        view._interrupt = self._interrupt if interrupt is None else interrupt
         return view
 
     def close(self) -> None:
@@ -334,8 +423,9 @@ class BlockingTCPStore:
         if self._closed:
             raise StoreClosedError(f"the store client for {self.endpoint} was closed")
         bound = self.timeout if wait is None else wait + REPLY_GRACE
+        interrupt = None if wait is None else self._interrupt
         try:
-            reply = self._connection.call(op, subject, fields, bound)
+            reply = self._connection.call(op, subject, fields, bound, interrupt)
             return check_reply(reply, self.endpoint)
         except StoreTimeoutError as error:
             raise StoreTimeoutError(

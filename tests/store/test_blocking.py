@@ -393,3 +393,34 @@ def test_a_listener_without_native_refuses_our_client(portal: BlockingPortal) ->
             BlockingTCPStore("127.0.0.1", listener.port, connect_timeout=0.3)
     finally:
         listener.stop()
+
+
+def test_an_interrupted_wait_is_withdrawn_and_the_connection_goes_on(
+    portal: BlockingPortal, served: Served, client: BlockingTCPStore
+) -> None:
+    """A wait of a view with an interrupt ends with the check's exception once its socket is
+    readable; the server drops the wait; the next call on the connection works."""
+    ours, theirs = socket.socketpair()
+
+    def check() -> None:
+        if theirs.recv(100) == b"end":
+            raise RuntimeError("the world ended")
+
+    view = client.scoped("gen1", interrupt=(theirs, check))
+    with ours, theirs:
+        ours.sendall(b"noise")  # a check that does not raise: the wait goes on
+
+        def end_soon() -> None:
+            ours.sendall(b"end")
+
+        timer = threading.Timer(0.2, end_soon)
+        timer.start()
+        with pytest.raises(RuntimeError, match="the world ended"):
+            view.get("never", timeout=60)
+        timer.join()
+        assert client.usable
+        view.set("k", b"v")
+        assert view.get("k") == b"v"
+    assert view.get("k") == b"v"  # its interrupt's socket closed: no interrupt any more
+    stats = portal.call(lambda: served.service.statistics())
+    assert stats.waiting_requests == 0
