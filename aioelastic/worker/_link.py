@@ -59,6 +59,11 @@ class Link:
         os.environ.pop(WORKER_FD_ENV)  # a child of this worker must not think it is linked
         return cls(sock)
 
+    @property
+    def socket(self) -> socket.socket:
+        """The link's socket (readable when the agent said something)."""
+        return self._sock
+
     # -- sending and receiving -------------------------------------------------------------------
 
     def send(self, message: Message) -> None:

@@ -387,7 +387,10 @@ def _open_blocking_store(spec: dict[str, Any], world: World) -> BlockingTCPStore
     if client is None or not client.usable:
         client = BlockingTCPStore(host, port, timeout=timeout, connect_timeout=min(30.0, timeout))
         _BLOCKING_STORES[host, port] = client
-    return client.scoped(prefix, timeout=timeout)
+    link = world._link
+    # A wait ends when the world does: the agent's word on the link makes check() raise.
+    interrupt = None if link is None else (link.socket, world.check)
+    return client.scoped(prefix, timeout=timeout, interrupt=interrupt)
 
 
 def _close_blocking_stores() -> None:

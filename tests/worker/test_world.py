@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -261,6 +262,30 @@ def test_without_torch_a_sync_world_has_a_blocking_store_of_its_generation(
         assert len(_world._BLOCKING_STORES) == 1  # one connection for both generations
     assert list(worlds) == []
     assert _world._BLOCKING_STORES == {}  # the loop ended: its connection is closed
+
+
+def test_a_wait_in_a_world_that_ends_leaves_the_world(
+    agent: Agent, served: TCPStoreServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync worker blocked in world.store.get() for a peer that died gets out when the agent
+    ends the world: the get raises WorldChanged, with world swallows it, the next world comes
+    and uses the same connection."""
+    monkeypatch.setattr(_world, "_has_torch", lambda: False)
+    agent.say(place(1, store=tcp(served, 1)))
+    worlds = worker.worlds()
+    first = next(worlds)
+    ender = threading.Timer(
+        0.2, agent.say, (p.WorldEnded(1, "rank 1 failed"), place(2, store=tcp(served, 2)))
+    )
+    with first:
+        ender.start()
+        first.store.get("from-the-dead-peer", timeout=60)
+    ender.join()
+    assert first.ended == "rank 1 failed"
+    connection = _world._BLOCKING_STORES[("127.0.0.1", served.port)]
+    with next(worlds) as second:
+        second.store.set("k", b"v")
+        assert _world._BLOCKING_STORES[("127.0.0.1", served.port)] is connection
 
 
 def test_a_broken_connection_is_not_reused_by_the_next_generation(

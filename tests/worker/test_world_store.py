@@ -183,3 +183,26 @@ async def test_a_spare_claims_no_rank_until_it_is_placed(tmp_path: Path) -> None
     placed = "RANK=1 LOCAL_RANK=1 ROLE_RANK=1 AIOELASTIC_SPARE=-"
     assert f"[1]: gen 2 rank 1 pid {spare} {placed}" in run.out.text
     assert "[0]: asking pid" in run.out.text  # the others as before
+
+
+async def test_a_wait_for_a_dead_peer_ends_with_its_world(tmp_path: Path) -> None:
+    """Rank 1 dies before writing its key; the others, blocked in multi_get for it (whose
+    timeout, half of --recovery-timeout, is far beyond this test's bound), leave generation 1
+    when it ends and meet the replacement in generation 2, in their processes."""
+    finish = tmp_path / "finish"
+    argv = [
+        "--standalone", "--recovery", "in-place", "--recovery-timeout", "1200",
+        "--nproc-per-node", "3", STORE_WORKER, "--exit-when", str(finish), "--die-early", "1",
+    ]  # fmt: skip
+    with anyio.fail_after(BOUND * 2):
+        async with agent(*argv) as run:
+            for rank in range(3):
+                await run.out.wait_for(f"gen 2 rank {rank} pid")
+            finish.touch()
+            status = await run.wait()
+    assert status == 0, run
+    worlds = check_each_generation_saw_its_members(run.out.text)
+    assert set(worlds) == {2}  # generation 1 never completed its check-in
+    early = int(re.findall(r"dying early pid (\d+)", run.out.text)[0])
+    survivors = set(re.findall(r"asking pid (\d+)", run.out.text)) - {str(early)}
+    assert {str(worlds[2][r]) for r in (0, 2)} <= survivors

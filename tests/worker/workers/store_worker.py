@@ -3,9 +3,11 @@
 Each world: every rank writes its pid under ``member/<rank>``, reads every rank's, and prints
 ``gen G rank R pid P size N members PIDS keys K`` (K: the keys this generation's store holds,
 which must be exactly its members'); then it steps with ``world.check()`` until ``--exit-when``
-exists. ``--kill-rank R``: in the first generation, rank R prints ``victim pid P`` once every
-member wrote (the test kills it). torch is hidden (``sys.modules["torch"] = None``), so the path
-without torch runs on a machine that has it.
+exists. ``--die-early R``: in the first generation, rank R kills itself before it writes (the
+others wait for it in ``multi_get`` until the world ends). ``--kill-rank R``: in the first
+generation, rank R prints ``victim pid P`` once every member wrote (the test kills it).
+torch is hidden (``sys.modules["torch"] = None``), so the path without torch runs on a
+machine that has it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ sys.modules["torch"] = None  # type: ignore[assignment]
 
 import argparse  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -40,6 +43,9 @@ def run_sync(options: argparse.Namespace) -> None:
         with world:
             store = world.store
             assert isinstance(store, BlockingTCPStore), type(store)
+            if world.generation == 1 and world.rank == options.die_early:
+                print(f"dying early pid {os.getpid()}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)  # before writing: the others wait for it
             store.set(f"member/{world.rank}", str(os.getpid()))
             pids = store.multi_get([f"member/{r}" for r in range(world.world_size)])
             report(world, pids, store.num_keys())
@@ -72,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--exit-when", type=Path, required=True)
     parser.add_argument("--kill-rank", type=int, default=-1)
+    parser.add_argument("--die-early", type=int, default=-1)
     parser.add_argument("--async", dest="use_async", action="store_true")
     options = parser.parse_args()
     print(f"asking pid {os.getpid()}", flush=True)
