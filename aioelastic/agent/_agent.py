@@ -281,7 +281,7 @@ class ElasticAgent(Service):
             on_event=self._on_timer_event,
             watch=WatchPolicy.descendants_of(os.getpid()),
             before_reap=None if forensics is None else forensics.before_reap,
-            hook_timeout=self.spec.forensics.timeout,
+            hook_timeout=self.spec.forensics.reap_bound,
         )
         if self._on_watchdog_event is not None:
             server.subscribe(self._on_watchdog_event)

@@ -7,7 +7,17 @@ nodes are asked through the store to capture theirs, the stacks are grouped (``_
 and the report is attached to the group, emitted, and written next to the stack files. Later
 expiries of the same attempt wait for that incident instead of capturing again. Other nodes'
 requests (``_stack_requests.py``) get this node's part of the incident, or a fresh capture.
-The server bounds the hook by its timeout and reaps afterwards whatever happened here.
+
+Across nodes, a reap waits for the round: once its report is made, a node publishes its part
+of the hang in the round's store and waits, bounded by one more capture's time, until every
+other node published its own, and only then are its workers reaped. So no node kills before
+every node captured (a killed rank would change the evidence elsewhere: its peers' collectives
+fail), each node's report names every node's ranks (a later investigator reads the parts
+published before it asked, from nodes that may have left since), and the store, which the
+agent of the node hosting it takes down when it leaves, stays up until every node read it.
+A node whose workers do not hang never publishes: it costs the others that bound, no more.
+The server bounds the hook (:attr:`ForensicsSpec.reap_bound`) and reaps afterwards whatever
+happened here.
 
 A capture tries py-spy (it attaches from outside, so it works whatever the worker does), then
 the worker's faulthandler signal if the worker registered one (``timer/_stackdump.py``), and
@@ -25,7 +35,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,7 +43,12 @@ from typing import TYPE_CHECKING
 import anyio
 
 from aioelastic.agent._report import HangReport, StackRecord
-from aioelastic.agent._stack_requests import RankStack, request_stacks
+from aioelastic.agent._stack_requests import (
+    RankStack,
+    publish_incident,
+    request_stacks,
+    wait_for_incidents,
+)
 from aioelastic.agent._stacks import (
     ThreadStack,
     diagnose,
@@ -218,7 +233,10 @@ class _Incident:
     local: tuple[RankStack, ...] = ()
     """This node's captures (what other nodes' requests get: never waiting for theirs)."""
     done: anyio.Event = field(default_factory=anyio.Event)
+    """Set once the report is made and the other nodes reported theirs (or had their time)."""
     report: HangReport | None = None
+    silent: tuple[int, ...] = ()
+    """The nodes that did not answer this node's request (not waited for afterwards)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +246,10 @@ class Peers:
     store: Store
     node: int
     nodes: int
+
+    def others(self, *, answered: Collection[int] = ()) -> list[int]:
+        """The other nodes of the round, but those in ``answered``."""
+        return [n for n in range(self.nodes) if n != self.node and n not in answered]
 
 
 class Forensics:
@@ -265,8 +287,13 @@ class Forensics:
         incident = self._incident
         if incident is None or incident.group is not group:
             incident = self._incident = _Incident(group)
+            peers = self._peers()
+            if peers is not None and peers.nodes < 2:
+                peers = None
             try:
-                await self._investigate(incident, expired)
+                await self._investigate(incident, expired, peers)
+                if peers is not None:
+                    await self._wait_for_round(incident, peers)
             finally:
                 incident.local_done.set()
                 incident.done.set()
@@ -318,16 +345,16 @@ class Forensics:
                     tg.start_soon(take, worker.process.pid)
         return captures
 
-    async def _investigate(self, incident: _Incident, expired: TimerExpired) -> None:
+    async def _investigate(
+        self, incident: _Incident, expired: TimerExpired, peers: Peers | None
+    ) -> None:
         group = incident.group
         first = group.worker_by_pid(expired.pid)
         assert first is not None
         directory = self._directory(group.info.restart_count)
         live = [w for w in group.workers if w.process.returncode is None]
-        budget = self.spec.timeout * 0.9  # leave the tail of the hook's bound for the report
-        peers = self._peers()
+        budget = self.spec.timeout * 0.9  # leave the tail of the capture's bound for the report
         remote: dict[int, tuple[RankStack, ...]] = {}
-        silent: list[int] = []
 
         async def local() -> None:
             captures = await self._capture_all(
@@ -341,22 +368,29 @@ class Forensics:
 
         async def others() -> None:
             assert peers is not None
-            answers, missing = await request_stacks(
-                peers.store, nodes=peers.nodes, timeout=budget, own_node=peers.node
-            )
+            try:
+                answers, _ = await request_stacks(
+                    peers.store,
+                    nodes=peers.nodes,
+                    timeout=budget,
+                    own_node=peers.node,
+                    published=True,
+                )
+            except StoreError as exc:
+                logger.warning("could not ask the other nodes for their stacks: %s", exc)
+                return
             remote.update(answers)
-            silent.extend(missing)
 
         directory.mkdir(parents=True, exist_ok=True)
         try:
             with anyio.move_on_after(budget):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(local)
-                    if peers is not None and peers.nodes > 1:
+                    if peers is not None:
                         tg.start_soon(others)
-        except StoreError as exc:
-            logger.warning("could not ask the other nodes for their stacks: %s", exc)
         finally:
+            silent = [] if peers is None else peers.others(answered=remote)
+            incident.silent = tuple(silent)
             if not incident.local_done.is_set():
                 incident.local = _records(live, {}, directory)
             stacks = [*incident.local, *(s for node in sorted(remote) for s in remote[node])]
@@ -379,6 +413,29 @@ class Forensics:
                 self._on_report(report)
             except Exception:
                 logger.exception("reporting the hang failed")
+
+    async def _wait_for_round(self, incident: _Incident, peers: Peers) -> None:
+        """Publish this node's part of the hang, then wait until the round's other nodes
+        published theirs, for as long as a capture may take (see the module docstring)."""
+        timeout = self.spec.timeout
+        try:
+            await publish_incident(peers.store, peers.node, incident.local)
+            missing = await wait_for_incidents(
+                peers.store,
+                nodes=peers.nodes,
+                own_node=peers.node,
+                skip=incident.silent,
+                timeout=timeout,
+            )
+        except StoreError as exc:
+            logger.warning("could not share the hang with the other nodes: %s", exc)
+            return
+        if missing:
+            logger.info(
+                "node(s) %s reported no hang within %.1f s; reaping",
+                ", ".join(map(str, missing)),
+                timeout,
+            )
 
 
 def _records(

@@ -105,7 +105,8 @@ class ForensicsSpec:
     ``stacks``: every thread's Python stack of every local rank (py-spy at ``py_spy``, found
     next to the interpreter or on ``PATH`` when ``"auto"``, None for none; else the worker's
     faulthandler signal). ``core_dump``: also a native core (gdb's ``gcore``). All of it within
-    ``hook_timeout`` seconds (default 5, 30 with core dumps); the reap follows regardless.
+    ``hook_timeout`` seconds (default 5, 30 with core dumps); across nodes the reap then waits,
+    as long again at most, for the round's other nodes to report theirs; it follows regardless.
     """
 
     stacks: bool = True
@@ -119,6 +120,11 @@ class ForensicsSpec:
         if self.hook_timeout is not None:
             return self.hook_timeout
         return 30.0 if self.core_dump else 5.0
+
+    @property
+    def reap_bound(self) -> float:
+        """The longest a reap waits for forensics: a capture, then the other nodes' reports."""
+        return 2 * self.timeout
 
 
 @dataclass(frozen=True, slots=True)

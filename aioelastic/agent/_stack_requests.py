@@ -6,7 +6,10 @@ Keys (relative to the store a rendezvous round hands its agents, ``info.store``)
   ``n`` (an agent whose timer expired, or ``aioelastic status --stacks``);
 * ``aioelastic/stacks/<n>/node/<group rank>``: each agent's answer, JSON: its host and, per
   rank, the capture method, the stack file (a path on that host), the place and why a stack is
-  missing.
+  missing;
+* ``aioelastic/stacks/incident/node/<group rank>``: an agent's part of the round's hang,
+  published (same JSON) once its own report is made: a later investigator reads it instead of
+  asking, and every node's agent waits for the others' before it reaps (``_forensics.py``).
 
 Every agent of the round serves requests while its workers run: it waits for the counter to
 change (a store watch, no polling), captures, and writes its answer. The requester waits, also
@@ -19,7 +22,7 @@ import json
 import logging
 import math
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -32,6 +35,7 @@ from aioelastic.store import Store, StoreError
 logger = logging.getLogger(__name__)
 
 REQUESTS_KEY = "aioelastic/stacks/requests"
+INCIDENT_PREFIX = "aioelastic/stacks/incident/node/"
 
 
 def answer_prefix(request: int) -> str:
@@ -86,36 +90,80 @@ def decode_answer(data: bytes) -> tuple[RankStack, ...]:
     return tuple(stacks)
 
 
+async def _gather(
+    store: Store, prefix: str, expected: Collection[int], found: dict[int, bytes]
+) -> None:
+    """Fill ``found`` with the values of ``<prefix><node>`` for every ``expected`` node,
+    returning once all are there (by watching the prefix; the caller bounds the wait)."""
+    while True:
+        snapshot = await store.get_prefix(prefix)
+        for key, value in snapshot.items.items():
+            node = int(key.rsplit("/", 1)[1])
+            if node in expected:
+                found.setdefault(node, value)
+        if found.keys() >= set(expected):
+            return
+        await store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
+
+
+def _decoded(raw: dict[int, bytes], what: str) -> dict[int, tuple[RankStack, ...]]:
+    answers = {}
+    for node, value in raw.items():
+        try:
+            answers[node] = decode_answer(value)
+        except ValueError as exc:
+            logger.warning("node %d answered %s badly: %s", node, what, exc)
+            answers[node] = ()
+    return answers
+
+
 async def request_stacks(
-    store: Store, *, nodes: int, timeout: float, own_node: int | None = None
+    store: Store,
+    *,
+    nodes: int,
+    timeout: float,
+    own_node: int | None = None,
+    published: bool = False,
 ) -> tuple[dict[int, tuple[RankStack, ...]], list[int]]:
     """Ask every node (but ``own_node``) of a ``nodes``-node round for its stacks.
 
-    Returns the answers by node and the nodes that did not answer within ``timeout``.
+    With ``published``, a node that published its part of the round's hang is not asked: that
+    part is its answer (it may have reaped and left since). Returns the answers by node and
+    the nodes that did not answer within ``timeout``.
     """
     expected = {node for node in range(nodes) if node != own_node}
     answers: dict[int, tuple[RankStack, ...]] = {}
-    if not expected:
+    if published and expected:
+        snapshot = await store.get_prefix(INCIDENT_PREFIX)
+        raw = {int(key.rsplit("/", 1)[1]): value for key, value in snapshot.items.items()}
+        answers = _decoded({n: v for n, v in raw.items() if n in expected}, "its hang")
+    asked = expected - answers.keys()
+    if not asked:
         return answers, []
     request = await store.add(REQUESTS_KEY, 1)
-    prefix = answer_prefix(request)
+    found: dict[int, bytes] = {}
     with anyio.move_on_after(timeout):
-        while True:
-            snapshot = await store.get_prefix(prefix)
-            for key, value in snapshot.items.items():
-                node = int(key.rsplit("/", 1)[1])
-                if node in expected and node not in answers:
-                    try:
-                        answers[node] = decode_answer(value)
-                    except ValueError as exc:
-                        logger.warning(
-                            "node %d answered stack request %d badly: %s", node, request, exc
-                        )
-                        answers[node] = ()
-            if expected <= answers.keys():
-                break
-            await store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
+        await _gather(store, answer_prefix(request), asked, found)
+    answers.update(_decoded(found, f"stack request {request}"))
     return answers, sorted(expected - answers.keys())
+
+
+async def publish_incident(store: Store, node: int, stacks: Sequence[RankStack]) -> None:
+    """Publish ``node``'s part of the round's hang (its report is made)."""
+    await store.set(f"{INCIDENT_PREFIX}{node}", encode_answer(stacks))
+
+
+async def wait_for_incidents(
+    store: Store, *, nodes: int, own_node: int, skip: Collection[int] = (), timeout: float
+) -> list[int]:
+    """Wait until every other node of a ``nodes``-node round (but those in ``skip``) published
+    its part of the hang; return those that did not within ``timeout`` (a node whose workers
+    do not hang never does)."""
+    expected = {node for node in range(nodes) if node != own_node and node not in skip}
+    found: dict[int, bytes] = {}
+    with anyio.move_on_after(timeout):
+        await _gather(store, INCIDENT_PREFIX, expected, found)
+    return sorted(expected - found.keys())
 
 
 async def serve_stack_requests(

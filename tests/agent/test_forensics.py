@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,14 @@ from aioelastic.agent import (
     WorkerSpec,
 )
 from aioelastic.agent._forensics import find_py_spy
+from aioelastic.agent._report import StackRecord
+from aioelastic.agent._stack_requests import (
+    RankStack,
+    publish_incident,
+    request_stacks,
+    wait_for_incidents,
+)
+from aioelastic.agent._stacks import Place
 from aioelastic.rendezvous import RendezvousParameters, get_rendezvous_handler
 from aioelastic.store import MemoryStore
 from tests.agent.conftest import BOUND, Console, free_port, launched
@@ -62,8 +70,11 @@ def py_spy() -> str:
         if os.environ.get("CI") == "true":  # the test extra installs it
             pytest.fail("py-spy is not installed under CI: is it in the test extra?")
         pytest.skip("py-spy is not installed (pip install 'aioelastic[test]')")
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as child:
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) as child:
         try:
+            assert child.stdout is not None
+            child.stdout.readline()  # attached before the interpreter is up, py-spy fails
             probe = subprocess.run([path, "dump", "--pid", str(child.pid)], capture_output=True)
         finally:
             child.kill()
@@ -76,14 +87,16 @@ async def run_hang(
     tmp_path: Path, forensics: ForensicsSpec, *args: str, nproc: int = 3
 ) -> tuple[Any, list[AgentEvent], HangReport]:
     """Run the hang worker under an agent (one restart: the second attempt succeeds)."""
-    ((result, events, report),) = await run_nodes(tmp_path, forensics, *args, nproc=nproc)
-    return result, events, report
+    ((result, events),) = await run_nodes(tmp_path, forensics, args, nproc=nproc)
+    return result, events, report_of(events)
 
 
 async def run_nodes(
-    tmp_path: Path, forensics: ForensicsSpec, *args: str, nproc: int = 3, nodes: int = 1
-) -> list[tuple[Any, list[AgentEvent], HangReport]]:
-    """Run ``nodes`` agents of ``nproc`` hang workers each in this loop (memory rendezvous)."""
+    tmp_path: Path, forensics: ForensicsSpec, *node_args: Sequence[str], nproc: int = 3
+) -> list[tuple[Any, list[AgentEvent]]]:
+    """Run one agent of ``nproc`` hang workers per ``node_args`` (the workers' arguments on
+    that node) in this loop, over a memory rendezvous; each run's result and events."""
+    nodes = len(node_args)
     store = MemoryStore()
     barrier = str(tmp_path / "barrier.sock")
     outcomes: dict[int, tuple[Any, list[AgentEvent]]] = {}
@@ -95,7 +108,7 @@ async def run_nodes(
             spec = WorkerSpec(
                 sys.executable,
                 handler,
-                args=("-u", HANG, "--barrier", barrier, *args),
+                args=("-u", HANG, "--barrier", barrier, *node_args[index]),
                 local_world_size=nproc,
                 max_restarts=1,
                 logs=_logs(tmp_path / f"node{index}"),
@@ -114,13 +127,19 @@ async def run_nodes(
                 for index in range(nodes):
                     agents.start_soon(node, index)
             tg.cancel_scope.cancel()
-    found = []
-    for index in range(nodes):
-        result, events = outcomes[index]
-        reports = [e.report for e in events if isinstance(e, StacksCaptured)]
-        assert len(reports) == 1, events
-        found.append((result, events, reports[0]))
-    return found
+    return [outcomes[index] for index in range(nodes)]
+
+
+def reports_of(events: list[AgentEvent]) -> list[HangReport]:
+    """The hang reports a run emitted."""
+    return [e.report for e in events if isinstance(e, StacksCaptured)]
+
+
+def report_of(events: list[AgentEvent]) -> HangReport:
+    """The one hang report a run emitted."""
+    reports = reports_of(events)
+    assert len(reports) == 1, events
+    return reports[0]
 
 
 async def serve_barrier(listener: Any, parties: int) -> None:
@@ -292,7 +311,7 @@ async def test_torch_job_report_names_the_sleeping_rank_and_the_ranks_in_all_red
     tmp_path: Path, py_spy: str
 ) -> None:
     """The example on two nodes (two agents over c10d, 2 + 1 gloo ranks): rank 2 sleeps inside
-    the step while ranks 0 and 1 block in all_reduce; the first node to investigate names rank 2
+    the step while ranks 0 and 1 block in all_reduce; both nodes' failure reports name rank 2
     and its frame, and the others, on whichever node, as waiting in the collective."""
     port = free_port()
     common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
@@ -309,27 +328,71 @@ async def test_torch_job_report_names_the_sleeping_rank_and_the_ranks_in_all_red
             statuses = [await one.wait(), await two.wait()]
     stuck = f"hang_forensics.py:{line_of('time.sleep(3600)', EXAMPLE)} load_batch"
     assert statuses == [1, 1], (one, two)
-    # The node whose timer expires first asks the other while both still run, so its report
-    # names every rank. The later node may find the first one gone (it reaped, failed and
-    # closed the round), so its report may hold only its own ranks, or its group may be
-    # stopped by the closed round first.
-    full = f"  hang      : rank 2 stuck in {stuck}; ranks 0 and 1 waiting in all_reduce"
-    complete = [run for run in (one, two) if full in run.err.text]
-    assert complete, (one, two)
-    assert all("  suspects  : 2 (stacks in " in run.err.text for run in complete)
+    for run in (one, two):
+        assert f"  hang      : rank 2 stuck in {stuck}; ranks 0 and 1 waiting in all_reduce" in (
+            run.err.text
+        ), run
+        assert "  suspects  : 2 (stacks in " in run.err.text
 
 
 async def test_other_nodes_answer_with_their_ranks_stacks(tmp_path: Path) -> None:
     """Two agents of two ranks each: each report groups all four ranks, the other node's
     through the store, and suspects rank 3 alone."""
-    runs = await run_nodes(
-        tmp_path, ForensicsSpec(py_spy=None), "--hang-rank", "3", nproc=2, nodes=2
-    )
-    for result, _, report in runs:
+    args = ("--hang-rank", "3")
+    runs = await run_nodes(tmp_path, ForensicsSpec(py_spy=None), args, args, nproc=2)
+    for result, events in runs:
+        report = report_of(events)
         assert result.state is RunState.SUCCEEDED
         assert report.summary == f"rank 3 stuck in {STUCK}; ranks 0-2 stuck in {WAITING}"
         assert report.suspects == (3,)
         assert [s.rank for s in report.stacks] == [0, 1, 2, 3]
+
+
+async def test_a_node_whose_timer_expires_later_still_names_the_first_nodes_ranks(
+    tmp_path: Path,
+) -> None:
+    """Node 1's step budget is longer: node 0 captures first but reaps only once node 1 has
+    reported too, so node 1's report still has node 0's ranks (a reap there would have ended
+    the round before node 1's timer expired)."""
+    forensics = ForensicsSpec(py_spy=None, hook_timeout=BOUND / 4)  # a bound never reached
+    runs = await run_nodes(
+        tmp_path,
+        forensics,
+        ("--hang-rank", "3", "--budget", "0.5"),
+        ("--hang-rank", "3", "--budget", "3"),
+        nproc=2,
+    )
+    for result, events in runs:
+        report = report_of(events)
+        assert (result.state, result.restart_count) == (RunState.SUCCEEDED, 1)
+        assert report.summary == f"rank 3 stuck in {STUCK}; ranks 0-2 stuck in {WAITING}"
+        assert [s.method for s in report.stacks] == ["faulthandler"] * 4
+    first, later = (report_of(events) for _, events in runs)
+    assert first.scope_id == later.scope_id == "step"
+
+
+async def test_a_node_whose_workers_never_time_out_costs_the_others_only_the_bound(
+    tmp_path: Path,
+) -> None:
+    """Node 1's ranks hang without a timer: node 0 gets their stacks by asking, waits at most
+    its bound for a report node 1 never makes, reaps and restarts (node 1 with it)."""
+    once = tmp_path / "once"
+    once.mkdir()
+    runs = await run_nodes(
+        tmp_path,
+        ForensicsSpec(py_spy=None, hook_timeout=1),
+        ("--hang-rank", "3"),
+        ("--hang-rank", "3", "--budget", "0", "--once", str(once)),
+        nproc=2,
+    )
+    (first, first_events), (other, other_events) = runs
+    assert (first.state, first.restart_count) == (RunState.SUCCEEDED, 1)
+    assert (other.state, other.restart_count) == (RunState.SUCCEEDED, 0)
+    assert report_of(first_events).summary == (
+        f"rank 3 stuck in {STUCK}; ranks 0-2 stuck in {WAITING}"
+    )
+    assert reaped_ranks(first_events) == [0, 1]
+    assert reports_of(other_events) == []
 
 
 async def test_status_stacks_groups_the_ranks_of_a_running_job(tmp_path: Path) -> None:
@@ -367,3 +430,34 @@ def test_reap_core_dump_flag_reaches_the_launch() -> None:
 
     assert config("--reap-core-dump", "train.py").reap_core_dump
     assert not config("train.py").reap_core_dump
+
+
+def _stack(rank: int) -> RankStack:
+    record = StackRecord(rank=rank, pid=100 + rank, method="py-spy", stack_file=f"/s/{rank}")
+    return RankStack(record, Place(True, "all_reduce"))
+
+
+async def test_a_published_part_of_the_hang_answers_without_asking() -> None:
+    """A node that published its part of the round's hang is answered from the store (it may
+    have left): no request is made; a live request still goes to the nodes that did not."""
+    store = MemoryStore()
+    await publish_incident(store, 1, [_stack(2)])
+    answers, silent = await request_stacks(
+        store, nodes=2, timeout=BOUND, own_node=0, published=True
+    )
+    assert ([s.record.rank for s in answers[1]], silent) == ([2], [])
+    assert await store.check(["aioelastic/stacks/requests"]) is False
+    answers, silent = await request_stacks(store, nodes=3, timeout=0.01, own_node=0, published=True)
+    assert (sorted(answers), silent) == ([1], [2])
+
+
+async def test_waiting_for_the_rounds_parts_ends_when_the_last_is_published() -> None:
+    """The wait before a reap returns once every other node published (nodes that did not
+    answer are not waited for), and names those that did not publish in time."""
+    store = MemoryStore()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(publish_incident, store, 2, [_stack(3)])
+        missing = await wait_for_incidents(store, nodes=4, own_node=0, skip=(1, 3), timeout=BOUND)
+    assert missing == []
+    missing = await wait_for_incidents(store, nodes=4, own_node=0, timeout=0.01)
+    assert missing == [1, 3]

@@ -3,7 +3,8 @@ under the shared timer scope "step"; the other ranks wait for it in ``wait_for_p
 
 Every rank first meets the others at the test's barrier (a UNIX socket it serves), so all of
 them are inside the step when the first timer expires. A budget of 0 arms no timer (the ranks
-just hang, for ``aioelastic status --stacks``)."""
+just hang, for ``aioelastic status --stacks``). A restarted group succeeds; with ``--once DIR``
+so does any later group (a membership change does not count as a restart)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--ignore-stack-signal", action="store_true")
     parser.add_argument("--barrier", help="the test's barrier socket (none: start at once)")
+    parser.add_argument("--once", help="a directory marking the ranks that ran once already")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) > 0:
         return  # the restarted group succeeds
+    if args.once:
+        mark = os.path.join(args.once, f"rank{rank}")
+        if os.path.exists(mark):
+            return
+        open(mark, "x").close()
     timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
     if args.ignore_stack_signal:
         signal.signal(int(os.environ["AIOELASTIC_STACK_SIGNAL"]), signal.SIG_IGN)
