@@ -109,7 +109,6 @@ class _Connection:
         self.epoch = welcome.epoch
         self.frame_limit = min(limit, welcome.max_frame_size)
         self.reader = FrameReader(limit)
-        self.replies: list[bytes] = []
         self.last_id = 0
         self.lock = threading.Lock()
         self.broken: str | None = None
@@ -188,19 +187,22 @@ class _Connection:
         bound: float,
         interrupt: Interrupt | None,
     ) -> Reply:
-        deadline = time.monotonic() + bound
-        self._set_bound(bound)
+        sock = self.sock
+        if bound != self._bound:
+            self._set_bound(bound)
         try:
-            self.sock.sendall(frame)
+            sock.sendall(frame)
         except BlockingIOError:
             raise _Broken(
                 f"could not send {op.name.lower()} within {bound:g} s", sent=True
             ) from None
         except OSError as error:
             raise _Broken(f"sending failed: {error}", sent=True) from None
-        first = True
+        deadline = time.monotonic() + bound
         while True:
-            for index, body in enumerate(self.replies):
+            if interrupt is not None and interrupt[0].fileno() >= 0:  # (closed: no interrupt)
+                self._wait_readable(request_id, deadline, interrupt)
+            for body in self._receive(op, subject, bound):
                 try:
                     reply = decode_reply(body)
                 except StoreProtocolError as error:
@@ -208,15 +210,15 @@ class _Connection:
                         f"the server sent a bad reply: {error.reason}", sent=True
                     ) from None
                 if reply.request_id == request_id:
-                    del self.replies[: index + 1]
-                    return reply
-            self.replies.clear()  # replies to calls that gave up: nobody waits for them
-            if interrupt is not None and interrupt[0].fileno() >= 0:  # (closed: no interrupt)
-                self._wait_readable(request_id, deadline, interrupt)
-            elif not first:  # a reply in pieces: the rest gets what is left of the bound
-                self._set_bound(max(deadline - time.monotonic(), 0.001))
-            first = False
-            self._receive(op, subject, bound)
+                    return reply  # (calls take turns: no reply can follow the last call's)
+            # Not ours yet: the rest of it is still to come, or that was the late reply to a
+            # withdrawn wait. What is left of the bound bounds the next receive.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _Broken(
+                    f"no reply to {op.name.lower()}({subject!r}) within {bound:g} s", sent=True
+                )
+            self._set_bound(remaining)
 
     def _set_bound(self, bound: float) -> None:
         """Bound each send and receive by ``bound`` seconds (inf: unbounded)."""
@@ -256,7 +258,7 @@ class _Connection:
         except OSError as error:
             self.broken = f"withdrawing an interrupted wait failed: {error}"
 
-    def _receive(self, op: Op, subject: str, bound: float) -> None:
+    def _receive(self, op: Op, subject: str, bound: float) -> list[bytes]:
         try:
             data = self.sock.recv(_RECEIVE_SIZE)
         except BlockingIOError:
@@ -268,7 +270,7 @@ class _Connection:
         if not data:
             raise _Broken("the server closed the connection", sent=True)
         try:
-            self.replies += self.reader.feed(data)
+            return self.reader.feed(data)
         except FrameTooLargeError as error:
             raise _Broken(error.reason, sent=True, too_large=True) from None
         except StoreProtocolError as error:
