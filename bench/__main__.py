@@ -23,7 +23,10 @@ from pathlib import Path
 from bench._report import BenchRun, render_chart, render_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("timer", "store", "rendezvous", "rendezvous_etcd", "agent", "recovery", "scale")
+BENCHES = (
+    "timer", "store", "store_blocking", "rendezvous", "rendezvous_etcd", "agent", "recovery",
+    "scale",
+)  # fmt: skip
 LOGS = ROOT / "bench" / "logs"
 CHART = "bench/ratios.png"
 NOTES = ROOT / "bench" / "notes"
