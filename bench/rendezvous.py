@@ -88,6 +88,17 @@ class CountingStore(Store):
     async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
         await self._count("multi_set", self.store.multi_set(keys, values))
 
+    @property
+    def counts_keys(self) -> bool:
+        return self.store.counts_keys
+
+    async def multi_set_and_count(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str
+    ) -> int:
+        return await self._count(
+            "multi_set_and_count", self.store.multi_set_and_count(keys, values, prefix=prefix)
+        )
+
     async def append(self, key: str, value: Value) -> None:
         await self._count("append", self.store.append(key, value))
 

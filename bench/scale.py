@@ -93,6 +93,12 @@ class MeteredStore(CountingStore):
         self.counts["bytes"] += len(stored)
         return stored
 
+    async def multi_set_and_count(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str
+    ) -> int:
+        self.counts["bytes"] += sum(len(value) for value in values)
+        return await super().multi_set_and_count(keys, values, prefix=prefix)
+
     async def get_prefix(self, prefix: str) -> Snapshot:
         snapshot = await super().get_prefix(prefix)
         self.counts["bytes"] += sum(len(value) for value in snapshot.items.values())

@@ -356,11 +356,12 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 snapshot = await store.get_prefix(layout.STATE_PREFIX)
                 latest = int(snapshot.items.get(layout.LATEST_KEY, b"0"))
                 return m.StateRead(latest, layout.CLOSED_KEY in snapshot.items)
-            case m.Announce(round_, record):
+            case m.Arrive(round_, record):
+                if store.counts_keys:
+                    keys, values, counted = layout.counted_arrival(round_, record)
+                    return m.Arrived(await store.multi_set_and_count(keys, values, prefix=counted))
                 await store.set(layout.join_key(round_, record.node), record.encode())
-                return m.Announced()
-            case m.Count(round_):
-                return m.Counted(await store.add(layout.count_key(round_), 1))
+                return m.Arrived(await store.add(layout.count_key(round_), 1))
             case m.AwaitResult(round_, deadline):
                 return await self._await_result(round_, deadline)
             case m.ReadCandidates(round_):

@@ -5,7 +5,9 @@ Keys are relative to the run's namespace (``rdzv/<run_id>/``):
 * ``state/latest``: the last sealed round (it only moves forward), ``state/closed``: the job is
   over, ``state/node_ids``: the counter node ids are taken from;
 * ``round/<r>/join/<node>``: a :class:`JoinRecord`; ``round/<r>/count``: the arrival counter
-  (also the doorbell of that round as the inbox of round ``r - 1``); ``round/<r>/result``: the
+  on a store with an atomic add, a plain marker on one that counts the join records instead
+  (:func:`counted_arrival`); either way the doorbell of that round as the inbox of round
+  ``r - 1``; ``round/<r>/result``: the
   sealed :class:`RoundResult`, or ``closed``; ``round/<r>/lost/<node>``: a member of round
   ``r - 1`` reported gone;
 * ``node/<node>/alive``: the liveness key, written with a TTL (:func:`encode_alive`).
@@ -52,6 +54,19 @@ def count_key(round_: int) -> str:
     whoever reports a loss or closes the run there adds 0 to it, so the members of the round
     before wait for one key to appear instead of re-reading a prefix."""
     return f"round/{round_}/count"
+
+
+DOORBELL = b"0"
+"""What an arrival counted by key writes to the round's counter key: it rings the doorbell and
+parses as a count of 0 for the adds of 0 that ring it too."""
+
+
+def counted_arrival(round_: int, record: JoinRecord) -> tuple[list[str], list[bytes], str]:
+    """An arrival on a store that counts keys as it writes (``Store.multi_set_and_count``):
+    the keys and values to write, the join record and the doorbell, and the prefix whose key
+    count, once they are written, is the arrival number: the round's join records."""
+    keys = [join_key(round_, record.node), count_key(round_)]
+    return keys, [record.encode(), DOORBELL], join_prefix(round_)
 
 
 def result_key(round_: int) -> str:

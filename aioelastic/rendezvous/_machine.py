@@ -3,13 +3,21 @@
 Theory of operation. Rounds are numbered 1, 2, ...; a node joins the round after the last
 sealed one (``state/latest``, which only moves forward), or after the last round it completed
 itself if that is later: the sealer that advances ``state/latest`` may have died first. It
-writes its join record, then bumps the round's arrival counter: the value the counter returns
-is the node's arrival number ``i``, and every node that arrived before it has already written
-its record. Nobody watches the arrivals except in the rare recovery case below;
+*arrives*: writes its join record and takes an arrival number ``i``, in one of two ways, by what
+the store offers (:class:`Arrive`): on a store with an atomic add (memory, TCP) it then adds 1
+to the round's arrival counter, and ``i`` is the sum; on a store that counts keys as it writes
+(etcd, which has no atomic add: N nodes adding to one counter would conflict and retry O(N)
+times each) ``i`` is the number of join records in the round once its own is written, in the
+same atomic step. Either way at least ``i`` records were written before ``i`` was taken, and
+the number grows by one per arrival, so the first arrival to bring it to ``k`` gets exactly
+``k``; only the counter's numbers are distinct (a withdrawn record lowers the key count, so a
+later node may take a number again), and nothing below relies on that. Every node of a run
+arrives the same way, since the store decides. Nobody watches the arrivals except in the rare
+recovery case below;
 each joined node waits for one key, the round's *result*, which is written once with
 compare-and-set, so every node of a round reads the same sealed outcome:
 
-* the node with ``i == max_nodes`` seals at once (if ``max_nodes`` joined nodes are alive);
+* a node with ``i == max_nodes`` seals at once (if ``max_nodes`` joined nodes are alive);
 * the node with ``i == min_nodes`` seals ``last_call_timeout`` after its arrival; a node with
   ``i > min_nodes`` knows that ``min_nodes`` had arrived before it, so it arms the same timer
   as a fallback (in case the earlier sealer died); the first one due wins the compare-and-set;
@@ -24,13 +32,16 @@ compare-and-set, so every node of a round reads the same sealed outcome:
 
 Each node does a constant number of store operations per round, so a round costs O(N) in total.
 Ranks: a member of the previous round keeps its rank when that rank is below the new world
-size; the others fill the free ranks (previous members first, then by node id).
+size; the others fill the free ranks (previous members first, then by node id): ranks do not
+depend on arrival numbers.
 
 After a round completes, the keys of the next round are its *inbox* (:func:`assess_inbox`): a
 join record there means nodes are waiting, a *lost* mark that a member is gone (written by the
 member itself when it leaves, or by its ring predecessor, :func:`ring_successor`, once its
 liveness key expired), and a ``closed`` result that the job is over. The next round's arrival
-counter doubles as the inbox's doorbell, so members wait for one key, not for a prefix.
+counter doubles as the inbox's doorbell, so members wait for one key, not for a prefix: every
+arrival writes it (the add, or a plain write beside the counted join record), and so does every
+loss report and the close.
 
 The machine is driven by :meth:`JoinMachine.send`: it takes an :class:`Event` (the outcome of
 the previous :class:`Command`), records what the event says, then walks the entry of
@@ -97,8 +108,7 @@ class Phase(enum.Enum):
     """Where a node is in joining a round."""
 
     READING = "reading the run's state"
-    ANNOUNCING = "writing the join record"
-    COUNTING = "taking an arrival number"
+    ARRIVING = "writing the join record and taking an arrival number"
     WAITING = "waiting for the round's result"
     SEALING = "reading the candidates"
     PUBLISHING = "publishing the result"
@@ -126,12 +136,7 @@ class StateRead:
 
 
 @dataclass(frozen=True, slots=True)
-class Announced:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Counted:
+class Arrived:
     arrival: int
 
 
@@ -174,8 +179,7 @@ class Withdrawn:
 
 Event = (
     StateRead
-    | Announced
-    | Counted
+    | Arrived
     | ResultSeen
     | DeadlineReached
     | JoinsChanged
@@ -193,18 +197,13 @@ class ReadState:
 
 
 @dataclass(frozen=True, slots=True)
-class Announce:
-    """Write the join record -> :class:`Announced`."""
+class Arrive:
+    """Write the join record and take an arrival number -> :class:`Arrived`: on a store with
+    an atomic add, write the record, then add 1 to the round's counter (the sum); on a store
+    that counts keys as it writes, :func:`~._layout.counted_arrival` (the count)."""
 
     round: int
     record: JoinRecord
-
-
-@dataclass(frozen=True, slots=True)
-class Count:
-    """Add 1 to the round's arrival counter -> :class:`Counted`."""
-
-    round: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,8 +276,7 @@ class Fail:
 
 Command = (
     ReadState
-    | Announce
-    | Count
+    | Arrive
     | AwaitResult
     | ReadCandidates
     | Publish
@@ -348,14 +346,13 @@ Transition = tuple[tuple[Guard, Phase], ...]
 _AFTER_RESULT: Transition = (
     (run_closed, Phase.CLOSED),
     (admitted, Phase.DONE),
-    (otherwise, Phase.ANNOUNCING),  # sealed without this node: join the next round
+    (otherwise, Phase.ARRIVING),  # sealed without this node: join the next round
 )
 _AT_DEADLINE: Transition = ((join_timed_out, Phase.WITHDRAWING), (otherwise, Phase.SEALING))
 
 TRANSITIONS: Mapping[Phase, Mapping[type[Event], Transition]] = {
-    Phase.READING: {StateRead: ((run_closed, Phase.CLOSED), (otherwise, Phase.ANNOUNCING))},
-    Phase.ANNOUNCING: {Announced: ((otherwise, Phase.COUNTING),)},
-    Phase.COUNTING: {Counted: ((house_full, Phase.SEALING), (otherwise, Phase.WAITING))},
+    Phase.READING: {StateRead: ((run_closed, Phase.CLOSED), (otherwise, Phase.ARRIVING))},
+    Phase.ARRIVING: {Arrived: ((house_full, Phase.SEALING), (otherwise, Phase.WAITING))},
     Phase.WAITING: {ResultSeen: _AFTER_RESULT, DeadlineReached: _AT_DEADLINE},
     Phase.SEALING: {
         Candidates: (
@@ -454,7 +451,7 @@ class JoinMachine:
             case StateRead(latest, closed):
                 self.latest = max(latest, self.previous[0])
                 self.closed = closed
-            case Counted(arrival):
+            case Arrived(arrival):
                 self.arrival = arrival
                 if arrival >= self.policy.min_nodes:  # min_nodes are in: the last call starts
                     self.last_call_deadline = now + self.policy.last_call_timeout
@@ -468,7 +465,7 @@ class JoinMachine:
                 self.live = live_joiners(records, alive)
                 self.lapsed = frozenset(records.keys() - alive)
                 self.watch_from = revision
-            case Announced() | DeadlineReached() | JoinsChanged():
+            case DeadlineReached() | JoinsChanged():
                 pass
 
     def _read_result(self, value: bytes) -> None:
@@ -486,7 +483,7 @@ class JoinMachine:
                 return _ENTER[phase](self, now)
         raise AssertionError(transition)  # pragma: no cover - each transition ends `otherwise`
 
-    def _announce(self, now: float) -> Command:
+    def _arrive(self, now: float) -> Command:
         self.round = self.latest + 1
         self.arrival = 0
         self.last_call_deadline = math.inf
@@ -494,10 +491,7 @@ class JoinMachine:
         self.live = []
         prev_round, prev_rank = self.previous
         record = JoinRecord(self.node, self.addr, self.port, prev_round, prev_rank)
-        return Announce(self.round, record)
-
-    def _count(self, now: float) -> Command:
-        return Count(self.round)
+        return Arrive(self.round, record)
 
     def _wait(self, now: float) -> Command:
         if self.last_call_deadline == math.inf and quorum(self, now):
@@ -531,8 +525,7 @@ class JoinMachine:
 
 
 _ENTER: Mapping[Phase, Callable[[JoinMachine, float], Command]] = {
-    Phase.ANNOUNCING: JoinMachine._announce,
-    Phase.COUNTING: JoinMachine._count,
+    Phase.ARRIVING: JoinMachine._arrive,
     Phase.WAITING: JoinMachine._wait,
     Phase.SEALING: JoinMachine._read_candidates,
     Phase.PUBLISHING: JoinMachine._publish,

@@ -135,6 +135,26 @@ class Store(abc.ABC):
         re-read with :meth:`get_prefix`, never assume what changed.
         """
 
+    @property
+    def counts_keys(self) -> bool:
+        """Whether :meth:`multi_set_and_count` is offered: a write that counts the keys under a
+        prefix in the same atomic step, without reading them (etcd: one transaction)."""
+        return False
+
+    async def multi_set_and_count(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str
+    ) -> int:
+        """Set every key to its value (as :meth:`multi_set`) and return how many keys are
+        under ``prefix`` once they are written, counted in the same atomic step.
+
+        Only where :attr:`counts_keys` is true; the default raises ``NotImplementedError``.
+        A reply lost and recovered may count the keys at the write's revision or later.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} at {self.endpoint} cannot count keys as it writes; "
+            "check counts_keys first"
+        )
+
     async def ttl_remaining(self, key: str) -> float | None:
         """Return the seconds left before ``key`` expires, on the store's own clock.
 

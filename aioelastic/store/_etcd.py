@@ -54,6 +54,7 @@ from aioelastic.store._etcd_rpc import (
     decode_txn,
     encode_txn,
     first_kv,
+    grpc,
     is_not_found,
     is_retryable,
     parse_endpoints,
@@ -534,6 +535,74 @@ class EtcdStore(Service, Store):
         for op in ops:
             self._ttl_leases.forget(op.request_put.key)
         await self._txn("multi_set", rpc.TxnRequest(success=ops))
+
+    @property
+    def counts_keys(self) -> bool:
+        return True
+
+    async def multi_set_and_count(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str
+    ) -> int:
+        """One transaction: the puts, then a count-only range read of ``prefix``, which sees
+        them (etcd reads a transaction's own writes). No compare, so concurrent callers never
+        conflict, and the key count stands in for a counter etcd cannot increment atomically.
+
+        A lost reply is recovered without counting twice: if the first key under ``prefix``
+        holds its new value, the count is read at that key's revision; else the transaction
+        is sent again.
+        """
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set_and_count got {len(keys)} keys but {len(values)} values")
+        full = [self._key(key) for key in keys]
+        data = [to_bytes(value) for value in values]
+        head = self._data + check_key(prefix).encode()
+        end = range_end(head)
+        self._check_serving()
+        ops = [
+            rpc.RequestOp(request_put=rpc.PutRequest(key=k, value=v))
+            for k, v in zip(full, data, strict=True)
+        ]
+        count = rpc.RangeRequest(key=head, range_end=end, count_only=True)
+        request = rpc.TxnRequest(success=[*ops, rpc.RequestOp(request_range=count)])
+        for key in full:
+            self._ttl_leases.forget(key)
+        own = next(((k, v) for k, v in zip(full, data, strict=True) if k.startswith(head)), None)
+        deadline = anyio.current_time() + self._conn.retry_timeout
+        while True:
+            try:
+                response = await self._txn("multi_set_and_count", request, idempotent=False)
+            except Exception as error:
+                if not is_retryable(error):
+                    raise
+                self._conn.failover(self._conn.current, error)
+                if own is not None and (landed := await self._count_at_write(*own, head, end)):
+                    return landed
+                if anyio.current_time() > deadline:
+                    raise self._conn.unreachable("multi_set_and_count", error) from None
+                continue
+            return int(response.responses[-1].response_range.count)
+
+    async def _count_at_write(self, key: bytes, value: bytes, head: bytes, end: bytes) -> int:
+        """After a lost reply: the keys in ``[head, end)`` at the revision ``key`` got
+        ``value`` (0: it does not hold it, or that history was compacted)."""
+        kv = await self._read_now([key])
+        found = kv[1][0]
+        if found is None or found.value != value:
+            return 0
+        request = rpc.RangeRequest(
+            key=head, range_end=end, count_only=True, revision=found.mod_revision
+        )
+
+        async def attempt(member: Member, timeout: float) -> Any:
+            try:
+                return await member.kv.Range(request, timeout=timeout, metadata=member.metadata)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.OUT_OF_RANGE:  # compacted
+                    raise
+                return None
+
+        response = await self._conn.call("count", attempt)
+        return 0 if response is None else int(response.count)
 
     async def get_prefix(self, prefix: str) -> Snapshot:
         self._check_serving()

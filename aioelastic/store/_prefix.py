@@ -96,5 +96,16 @@ class PrefixStore(Store):
         except StoreTimeoutError as error:
             raise self._unprefixed(error) from None
 
+    @property
+    def counts_keys(self) -> bool:
+        return self.store.counts_keys
+
+    async def multi_set_and_count(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str
+    ) -> int:
+        return await self.store.multi_set_and_count(
+            self._keys(keys), values, prefix=self._key(prefix)
+        )
+
     async def ttl_remaining(self, key: str) -> float | None:
         return await self.store.ttl_remaining(self._key(key))

@@ -31,6 +31,7 @@ OPERATIONS = frozenset(
         "num_keys",
         "multi_get",
         "multi_set",
+        "multi_set_and_count",
         "append",
         "get_prefix",
         "wait_for_change",
@@ -214,6 +215,18 @@ class FaultyStore(Store):
 
     async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
         await self._call("multi_set", lambda: self.inner.multi_set(keys, values))
+
+    @property
+    def counts_keys(self) -> bool:
+        return self.inner.counts_keys
+
+    async def multi_set_and_count(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str
+    ) -> int:
+        return await self._call(
+            "multi_set_and_count",
+            lambda: self.inner.multi_set_and_count(keys, values, prefix=prefix),
+        )
 
     async def append(self, key: str, value: Value) -> None:
         await self._call("append", lambda: self.inner.append(key, value))

@@ -51,6 +51,31 @@ async def test_add_is_exactly_once_under_contention(etcd_store: Store) -> None:
     assert await etcd_store.get("counter") == b"20"
 
 
+async def test_counted_writes_from_many_clients_never_conflict(
+    etcd_server: EtcdCluster, etcd_prefix: str
+) -> None:
+    """Writes counted by key from separate clients at once each see a distinct count, 1..N:
+    one transaction each, no compare to lose, so nothing retries (unlike an add)."""
+    counts: list[int] = []
+    async with (
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as a,
+        EtcdStore(etcd_server.endpoints, prefix=etcd_prefix) as b,
+    ):
+        before = a.statistics().requests + b.statistics().requests
+
+        async def writer(store: EtcdStore, node: int) -> None:
+            counts.append(
+                await store.multi_set_and_count([f"join/{node}"], [b"r"], prefix="join/")
+            )
+
+        async with anyio.create_task_group() as tg:
+            for node in range(20):
+                tg.start_soon(writer, (a, b)[node % 2], node)
+        requests = a.statistics().requests + b.statistics().requests - before
+    assert sorted(counts) == list(range(1, 21))
+    assert 20 <= requests <= 22  # one each (a session keep-alive may fall in between)
+
+
 @one_loop
 async def test_add_keeps_the_keys_expiry(etcd_store: EtcdStore) -> None:
     """add on a TTL key keeps its lease: the key still expires."""

@@ -23,9 +23,8 @@ def joined(node: int = 1, arrival: int = 1, now: float = 0.0) -> tuple[m.JoinMac
     """A machine that read the state (no round yet), announced, and got ``arrival``."""
     machine = m.JoinMachine(POLICY, node, f"host{node}", 9000 + node)
     assert machine.start(now) == m.ReadState()
-    assert machine.send(m.StateRead(latest=0, closed=False), now) == m.Announce(1, record(node))
-    assert machine.send(m.Announced(), now) == m.Count(1)
-    return machine, machine.send(m.Counted(arrival), now)
+    assert machine.send(m.StateRead(latest=0, closed=False), now) == m.Arrive(1, record(node))
+    return machine, machine.send(m.Arrived(arrival), now)
 
 
 def test_first_arrivals_wait_until_the_join_timeout() -> None:
@@ -73,7 +72,7 @@ def test_a_result_without_the_node_moves_it_to_the_next_round() -> None:
     """A late node finds the round sealed without it and joins the next one."""
     machine, _ = joined(node=7, arrival=4)
     sealed = layout.RoundResult(1, (1, 2, 3), "host1", 9001).encode()
-    assert machine.send(m.ResultSeen(sealed), 1.0) == m.Announce(2, record(7))
+    assert machine.send(m.ResultSeen(sealed), 1.0) == m.Arrive(2, record(7))
 
 
 def test_a_result_with_the_node_finishes_with_its_rank() -> None:
@@ -116,8 +115,8 @@ def test_an_event_the_phase_does_not_expect_is_an_error() -> None:
     """Feeding an event out of order names the event and the phase."""
     machine = m.JoinMachine(POLICY, 1, "h", 1)
     machine.start(0.0)
-    with pytest.raises(RendezvousStateError, match="Counted is not valid while reading"):
-        machine.send(m.Counted(1), 0.0)
+    with pytest.raises(RendezvousStateError, match="Arrived is not valid while reading"):
+        machine.send(m.Arrived(1), 0.0)
 
 
 def test_a_machine_starts_once() -> None:

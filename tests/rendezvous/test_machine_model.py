@@ -45,6 +45,12 @@ class ModelStore:
             self.expiry[key] = now + ttl
         self._touch(key)
 
+    def multi_set_and_count(self, keys: list[str], values: list[bytes], prefix: str) -> int:
+        """etcd's transaction of puts and a count-only range read: the count sees the puts."""
+        for key, value in zip(keys, values, strict=True):
+            self.set(key, value)
+        return sum(1 for key in self.data if key.startswith(prefix))
+
     def add(self, key: str, amount: int) -> int:
         total = int(self.data.get(key, b"0")) + amount
         self.data[key] = str(total).encode()
@@ -106,9 +112,13 @@ class RendezvousModel(RuleBasedStateMachine):
         min_nodes=st.integers(1, 3),
         extra=st.integers(0, 2),
         last_call=st.sampled_from([0.0, 4.0, 12.0]),
+        counts_keys=st.booleans(),
     )
-    def configure(self, min_nodes: int, extra: int, last_call: float) -> None:
+    def configure(self, min_nodes: int, extra: int, last_call: float, counts_keys: bool) -> None:
         self.policy = m.RoundPolicy(min_nodes, min_nodes + extra, 20.0, last_call)
+        # Whether the store counts keys as it writes (etcd: an arrival number is a count of
+        # join records, and numbers may repeat) or has an atomic add (memory, TCP: a counter).
+        self.counts_keys = counts_keys
 
     # -- faults and arrivals -------------------------------------------------------------
 
@@ -164,6 +174,7 @@ class RendezvousModel(RuleBasedStateMachine):
             self.store.delete(layout.join_key(node.machine.round, node.node))
         if node.previous[0]:
             self.store.set(layout.lost_key(node.previous[0] + 1, node.node), b"left")
+            self.store.add(layout.count_key(node.previous[0] + 1), 0)  # ring the doorbell
         self.store.delete(layout.alive_key(node.node))
         node.healthy = False
         node.machine = node.pending = None
@@ -173,11 +184,10 @@ class RendezvousModel(RuleBasedStateMachine):
     def close(self) -> None:
         """Someone calls set_closed (once a few rounds have formed, to leave room for them)."""
         self.store.set(layout.CLOSED_KEY, b"1")
-        step: m.CloseRound | None = m.CloseRound(
-            int(self.store.data.get(layout.LATEST_KEY, b"0")) + 1
-        )
-        while step is not None:
-            step = self._compare_set(step)
+        last = m.CloseRound(int(self.store.data.get(layout.LATEST_KEY, b"0")) + 1)
+        while (step := self._compare_set(last)) is not None:
+            last = step
+        self.store.add(layout.count_key(last.round), 0)  # ring the doorbell
         self.closed_at = self.store.revision
 
     @rule(dt=st.sampled_from([0.5, 2.0, KEEP_ALIVE]))
@@ -235,18 +245,19 @@ class RendezvousModel(RuleBasedStateMachine):
                 return m.StateRead(
                     int(store.data.get(layout.LATEST_KEY, b"0")), layout.CLOSED_KEY in store.data
                 )
-            case m.Announce(round_, record):
-                if not dry_run:
-                    store.set(layout.join_key(round_, record.node), record.encode())
-                    self.records.setdefault(round_, {})[record.node] = record
-                return m.Announced()
-            case m.Count(round_):
+            case m.Arrive(round_, record):
                 if dry_run:
-                    return m.Counted(0)
-                arrival = store.add(layout.count_key(round_), 1)
-                if arrival == self.policy.min_nodes:
-                    self.min_reached_at[round_] = self.now
-                return m.Counted(arrival)
+                    return m.Arrived(0)
+                self.records.setdefault(round_, {})[record.node] = record
+                if self.counts_keys:
+                    keys, values, counted = layout.counted_arrival(round_, record)
+                    arrival = store.multi_set_and_count(keys, values, counted)
+                else:
+                    store.set(layout.join_key(round_, record.node), record.encode())
+                    arrival = store.add(layout.count_key(round_), 1)
+                if arrival >= self.policy.min_nodes:  # the arrivals say min_nodes are in
+                    self.min_reached_at.setdefault(round_, self.now)
+                return m.Arrived(arrival)
             case m.AwaitResult(round_, deadline):
                 value = store.data.get(layout.result_key(round_))
                 if value is not None:
@@ -311,6 +322,14 @@ class RendezvousModel(RuleBasedStateMachine):
                 assert self.sealed_at[round_] >= (
                     self.min_reached_at[round_] + self.policy.last_call_timeout
                 )
+
+    @invariant()
+    def the_doorbell_rings_with_the_inbox(self) -> None:
+        """Whatever a round's keys hold (a join record, a loss, a result), its doorbell (the
+        counter key) is there too: the last round's members wait for that one key."""
+        rounds = {int(key.split("/")[1]) for key in self.store.prefix("round/")}
+        for round_ in rounds:
+            assert layout.count_key(round_) in self.store.data, f"round {round_} rang no bell"
 
     @invariant()
     def everyone_sees_the_same_round(self) -> None:
@@ -416,6 +435,7 @@ class RendezvousModel(RuleBasedStateMachine):
             successor = m.ring_successor(members, watcher.node)
             if successor is not None and layout.alive_key(successor) not in self.store.data:
                 self.store.set(layout.lost_key(latest + 1, successor), b"lost")
+                self.store.add(layout.count_key(latest + 1), 0)
         dead = [n for n in members if layout.alive_key(n) not in self.store.data]
         inbox = self.store.prefix(layout.round_prefix(latest + 1))
         for watcher in watchers:

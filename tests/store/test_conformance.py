@@ -142,6 +142,31 @@ async def test_multi_set_with_mismatched_lengths_is_refused(store: Store) -> Non
     assert not await store.check(["a"])
 
 
+async def test_multi_set_and_count_counts_the_prefix_with_its_own_writes(store: Store) -> None:
+    """Where a store counts keys as it writes, the count is of the keys under the prefix once
+    the new ones are written (keys outside it are written, not counted); elsewhere the call
+    is refused and writes nothing."""
+    await store.set("join/a", b"1")
+    if not store.counts_keys:
+        with pytest.raises(NotImplementedError, match="cannot count keys as it writes"):
+            await store.multi_set_and_count(["join/b"], [b"2"], prefix="join/")
+        assert not await store.check(["join/b"])
+        return
+    count = await store.multi_set_and_count(["join/b", "bell"], [b"2", "0"], prefix="join/")
+    assert count == 2
+    assert await store.multi_get(["join/b", "bell"]) == [b"2", b"0"]
+    assert await store.multi_set_and_count(["join/b"], [b"3"], prefix="join/") == 2
+
+
+async def test_multi_set_and_count_with_mismatched_lengths_is_refused(store: Store) -> None:
+    """multi_set_and_count with more keys than values raises ValueError, writes nothing."""
+    if not store.counts_keys:
+        pytest.skip(f"{store.endpoint} does not count keys as it writes")
+    with pytest.raises(ValueError, match="2 keys but 1 values"):
+        await store.multi_set_and_count(["join/a", "b"], [b"1"], prefix="join/")
+    assert not await store.check(["join/a"])
+
+
 async def test_append_concatenates_and_creates(store: Store) -> None:
     """append on a missing key creates it; later appends concatenate."""
     await store.append("log", b"a")
