@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.scale import proc_cpu
+
 TARGETS = {2: 0.1, 8: 0.1, 16: 0.1, 1000: 3.0}  # seconds (issue 5 gives N=16 and N=1000)
 
 
@@ -79,21 +81,32 @@ def node(endpoint: str, run_id: str, nodes: int, trace: bool = False) -> None:
                 await anyio.sleep_until(start)  # the loop clock is time.monotonic()
                 before = store.statistics().requests
                 timing.calls.clear()
+                cpu = time.process_time()
                 info = await handler.next_rendezvous()
                 done = time.monotonic()
+                cpu = time.process_time() - cpu
                 requests = store.statistics().requests - before
-                report: dict[str, Any] = {"done": done, "rank": info.rank, "requests": requests}
+                report: dict[str, Any] = {
+                    "done": done,
+                    "rank": info.rank,
+                    "requests": requests,
+                    "cpu": cpu,
+                }
                 report["calls"] = [(name, a - start, b - start) for name, a, b in timing.calls]
                 print(json.dumps(report), flush=True)
 
     anyio.run(run)
 
 
-def processes(endpoint: str, nodes: int, trace: bool = False) -> tuple[float, float]:
-    """Formation time and requests per node for ``nodes`` processes.
+def processes(
+    endpoint: str, nodes: int, etcd_pid: int, trace: bool = False
+) -> tuple[float, float, float, float]:
+    """Formation time, requests per node, client CPU per node and etcd's CPU for ``nodes``
+    processes (CPU: seconds, from go to the round; the client's includes gRPC's threads).
 
     Every child starts at one instant of the shared monotonic clock, so the time it takes to
-    tell them to go is not counted. With ``trace``, the last node's store calls are printed.
+    tell them to go is not counted. With ``trace``, the store calls of the last node and of
+    the sealers are printed.
     """
     run_id = uuid.uuid4().hex[:8]
     command = [sys.executable, "-m", "bench.rendezvous_etcd", "node", endpoint, run_id, str(nodes)]
@@ -108,6 +121,7 @@ def processes(endpoint: str, nodes: int, trace: bool = False) -> tuple[float, fl
             if child.stdout.readline().strip() != "ready":
                 raise RuntimeError("a benchmark node failed to connect")
         start = time.monotonic() + 0.2 + 0.02 * nodes
+        etcd_cpu = proc_cpu(etcd_pid)
         for child in children:
             assert child.stdin is not None
             child.stdin.write(f"{start!r}\n")
@@ -119,6 +133,7 @@ def processes(endpoint: str, nodes: int, trace: bool = False) -> tuple[float, fl
             if not line:
                 raise RuntimeError(f"a benchmark node exited with code {child.wait()}")
             reports.append(json.loads(line))
+        etcd_cpu = proc_cpu(etcd_pid) - etcd_cpu
     finally:
         for child in children:
             child.wait(timeout=60)
@@ -127,16 +142,20 @@ def processes(endpoint: str, nodes: int, trace: bool = False) -> tuple[float, fl
     formation = max(r["done"] for r in reports) - start
     if trace:
         last = max(reports, key=lambda r: r["done"])
-        calls = ", ".join(f"{name} {a * 1000:.1f}-{b * 1000:.1f}" for name, a, b in last["calls"])
-        print(f"  N={nodes}, the last node (rank {last['rank']}), ms from go: {calls}")
-    return formation, statistics.mean(r["requests"] for r in reports)
+        sealers = [r for r in reports if any(c[0] == "compare_set" for c in r["calls"])]
+        for who, report in [("the last node", last)] + [("a sealer", r) for r in sealers]:
+            calls = ", ".join(f"{n} {a * 1000:.1f}-{b * 1000:.1f}" for n, a, b in report["calls"])
+            print(f"  N={nodes}, {who} (rank {report['rank']}), ms from go: {calls}")
+    requests = statistics.mean(r["requests"] for r in reports)
+    return formation, requests, statistics.mean(r["cpu"] for r in reports), etcd_cpu
 
 
 # -- many handlers in one process -----------------------------------------------------------------
 
 
-def in_process(endpoint: str, nodes: int) -> tuple[float, float]:
-    """Formation time and requests per node for ``nodes`` handlers sharing one store."""
+def in_process(endpoint: str, nodes: int, etcd_pid: int) -> tuple[float, float, float, float]:
+    """Formation time, requests per node, this process's CPU per node and etcd's CPU for
+    ``nodes`` handlers sharing one store."""
     import anyio
 
     from aioelastic.rendezvous import get_rendezvous_handler
@@ -167,16 +186,18 @@ def in_process(endpoint: str, nodes: int) -> tuple[float, float]:
                     tg.start_soon(one)
                 await connected.wait()
                 before = store.statistics().requests
-                start = time.monotonic()
+                start, cpu, etcd_cpu = time.monotonic(), time.process_time(), proc_cpu(etcd_pid)
                 go.set()
                 await formed.wait()
                 result.append(time.monotonic() - start)
                 result.append((store.statistics().requests - before) / nodes)
+                result.append((time.process_time() - cpu) / nodes)
+                result.append(proc_cpu(etcd_pid) - etcd_cpu)
             if sorted(ranks) != list(range(nodes)):
                 raise RuntimeError(f"ranks are not 0..{nodes - 1}")
 
     anyio.run(run)
-    return result[0], result[1]
+    return result[0], result[1], result[2], result[3]
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -199,19 +220,24 @@ def main() -> None:
         sys.exit(f"no etcd binary: {HOW_TO_GET_ETCD}")
     with tempfile.TemporaryDirectory() as tmp, EtcdCluster(binary, Path(tmp)) as cluster:
         endpoint = cluster.endpoints
+        process = cluster.members[0].process
+        assert process is not None
         traced = functools.partial(processes, trace=args.trace)
         cases: list[tuple[str, int, Any]] = [
             (f"N={n} processes", n, traced) for n in args.processes
         ]
         if args.handlers:
             cases.append((f"{args.handlers} handlers, 1 process", args.handlers, in_process))
-        print(f"etcd rendezvous formation, local single-member etcd, median of {args.repeat}")
+        print(
+            f"etcd rendezvous formation, local single-member etcd, median of {args.repeat}, "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
         print(
             f"{'case':<28}{'aioelastic':>12}{'min-max':>16}{'target':>10}{'target/ours':>13}"
-            f"{'requests/node':>15}"
+            f"{'requests/node':>15}{'cpu/node':>10}{'etcd cpu':>10}"
         )
         for label, nodes, measure in cases:
-            runs = [measure(endpoint, nodes) for _ in range(args.repeat)]
+            runs = [measure(endpoint, nodes, process.pid) for _ in range(args.repeat)]
             times = sorted(r[0] * 1000 for r in runs)
             milliseconds = statistics.median(times)
             requests = statistics.median(r[1] for r in runs)
@@ -219,11 +245,17 @@ def main() -> None:
             ratio = f"{target * 1000 / milliseconds:.1f}x" if target else "-"
             shown = f"{target * 1000:.0f} ms" if target else "-"
             spread = f"{times[0]:.0f}-{times[-1]:.0f} ms"
+            cpu = statistics.median(r[2] for r in runs) * 1000
+            etcd_cpu = statistics.median(r[3] for r in runs) * 1000
             print(
                 f"{label:<28}{milliseconds:>9.1f} ms{spread:>16}{shown:>10}{ratio:>13}"
-                f"{requests:>15.1f}"
+                f"{requests:>15.1f}{cpu:>7.1f} ms{etcd_cpu:>7.0f} ms"
             )
         print("torch: no etcd v3 rendezvous to compare with (its etcd backend is v2-only)")
+        print(
+            "cpu/node: a node's CPU from go to its round (gRPC's threads included; in-process: "
+            "the process's CPU / N); etcd cpu: the etcd process's over the formation"
+        )
 
 
 if __name__ == "__main__":

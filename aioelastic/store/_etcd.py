@@ -400,7 +400,11 @@ class EtcdStore(Service, Store):
             if not missing:
                 return [kv.value for kv in kvs if kv is not None]
             with anyio.move_on_after(deadline - anyio.current_time()) as scope:
-                await self._watches.watch(self._tasks(), [(k, b"") for k in missing], revision + 1)
+                fired = await self._watches.watch(
+                    self._tasks(), [(k, b"") for k in missing], revision + 1
+                )
+                if len(full) == 1 and (value := fired.written.get(full[0])) is not None:
+                    return [value]  # one key, and the watch brought its value: no read
             revision, kvs = await self._read(full)
             if scope.cancelled_caught and any(kv is None for kv in kvs):
                 break
@@ -619,7 +623,7 @@ class EtcdStore(Service, Store):
         resolved = self.resolve_timeout(timeout)
         end = range_end(start)
         with anyio.move_on_after(resolved):
-            return await self._watches.watch(self._tasks(), [(start, end)], after + 1)
+            return (await self._watches.watch(self._tasks(), [(start, end)], after + 1)).revision
         # A watch replays history only after a short delay, so check it before giving up.
         revision = await self._watches.changed_since(start, end, after)
         if revision is not None:

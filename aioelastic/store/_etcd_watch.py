@@ -13,7 +13,8 @@ timed out checks the history with one read before it gives up (:meth:`Watches.ch
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -38,6 +39,16 @@ Ranges = Sequence[tuple[bytes, bytes]]
 """Key ranges ``(start, end)``; an empty ``end`` is the single key ``start``."""
 
 
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """How a watch ended: the store revision, and what the first batch of events left in the
+    keys it wrote (key -> value; a key deleted after its write is absent), so a caller waiting
+    for one key to appear has its value without reading it again."""
+
+    revision: int
+    written: Mapping[bytes, bytes] = field(default_factory=dict)
+
+
 class Watches:
     """Shared, failing-over watches on ``conn``.
 
@@ -58,17 +69,17 @@ class Watches:
         self._probe_request = rpc.RangeRequest(key=probe_key, keys_only=True)
         self._revision = revision
         self._on_resumed = on_resumed
-        self._shared: SharedCalls[Hashable, int] = SharedCalls(join_running=True, closed=closed)
+        self._shared: SharedCalls[Hashable, Fired] = SharedCalls(join_running=True, closed=closed)
 
-    async def watch(self, task_group: TaskGroup, ranges: Ranges, start_revision: int) -> int:
-        """Return the store revision once a key in ``ranges`` changes at ``start_revision`` or
-        later (or that history was compacted); concurrent equal waits share one watch, which
-        runs in ``task_group``."""
+    async def watch(self, task_group: TaskGroup, ranges: Ranges, start_revision: int) -> Fired:
+        """Return once a key in ``ranges`` changes at ``start_revision`` or later (or that
+        history was compacted: then with nothing written); concurrent equal waits share one
+        watch, which runs in ``task_group``."""
         key = (tuple(ranges), start_revision)
         watch = functools.partial(self._watch_failing_over, ranges, start_revision)
         return await self._shared.call(task_group, key, watch)
 
-    async def _watch_failing_over(self, ranges: Ranges, start_revision: int) -> int:
+    async def _watch_failing_over(self, ranges: Ranges, start_revision: int) -> Fired:
         """:meth:`watch` for one caller, re-watching on another member on failure."""
         failing_since: float | None = None
         delay = 0.05
@@ -98,7 +109,7 @@ class Watches:
                 )
             else:
                 # None: the history from start_revision was compacted; wake up, callers re-read.
-                return revision if revision is not None else await self._revision()
+                return revision if revision is not None else Fired(await self._revision())
 
     async def _watch_on(
         self,
@@ -106,7 +117,7 @@ class Watches:
         ranges: Ranges,
         start_revision: int,
         established: Callable[[], None],
-    ) -> int | None:
+    ) -> Fired | None:
         """Watch ``ranges`` on ``member`` while probing that it still answers.
 
         A stalled member keeps its stream open and silent, and grpc's keepalive may take a
@@ -124,7 +135,7 @@ class Watches:
         finally:
             call.cancel()
 
-    async def _probe(self, member: Member) -> int | None:
+    async def _probe(self, member: Member) -> Fired | None:
         """Raise :class:`StoreConnectionError` once ``member`` stops answering a small read
         (one every request timeout); never returns otherwise."""
         timeout = self._conn.request_timeout
@@ -181,7 +192,7 @@ async def _read_watch(
     ranges: Ranges,
     start_revision: int,
     established: Callable[[], None],
-) -> int | None:
+) -> Fired | None:
     for key, end in ranges:
         create = rpc.WatchCreateRequest(key=key, range_end=end, start_revision=start_revision)
         await settle(call.write(rpc.WatchRequest(create_request=create)))
@@ -192,7 +203,13 @@ async def _read_watch(
         if response.compact_revision:
             return None
         if response.events:
-            return int(response.header.revision)
+            written: dict[bytes, bytes] = {}
+            for event in response.events:
+                if event.type == rpc.Event.PUT:
+                    written[bytes(event.kv.key)] = bytes(event.kv.value)
+                else:
+                    written.pop(bytes(event.kv.key), None)
+            return Fired(int(response.header.revision), written)
         if response.canceled:
             raise StoreConnectionError(
                 member.address, f"etcd cancelled the watch: {response.cancel_reason}"
