@@ -8,8 +8,10 @@ agents live (leaning toward a target that sweeps that range twice). Given
 more than one member down or paused at a time, so quorum holds; a killed member restarts with
 its data directory and must serve again).
 
-Each worker prints one ``JOIN`` line with its rank, world size and the round's master port; a
-round is the set of workers sharing a master port. A completed round must have ranks
+Each worker prints one ``JOIN`` line with its rank, world size and its rendezvous round
+(``AIOELASTIC_ROUND``); a round is the set of workers reporting the same round. (Not the master
+port: with the agents' store, ``TORCHELASTIC_USE_AGENT_STORE``, each agent gives its workers its
+own store's port.) A completed round must have ranks
 0..WORLD_SIZE-1 exactly once, and all its workers must agree on the world size. After each
 fault the harness waits (at most ``hang_bound``) for a new completed round. A SIGKILL or
 SIGSTOP of an agent outside the latest round (still joining after that round sealed without
@@ -41,7 +43,7 @@ from stress.conftest import Figures
 RUN_ID = "chaos"
 WORKER = """
 import json, os, threading
-keys = ("RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_PORT")
+keys = ("RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "AIOELASTIC_ROUND")
 record = {k: os.environ[k] for k in keys} | {"AGENT": str(os.getppid())}
 print("JOIN " + json.dumps(record), flush=True)
 threading.Event().wait()
@@ -92,8 +94,8 @@ class Store:
 class Rounds:
     """Collects JOIN lines into rounds; wakes waiters on each line.
 
-    When a completed round's port shows up again, rank 0's agent picked the same free port
-    twice (the kernel reuses ports), and the line starts a new round if it comes after another
+    When a completed round's number shows up again (its workers were started again), the
+    line starts a new round if it comes after another
     round's line, from an agent that already reported in the completed round, or with another
     world size. Otherwise (right after its round completed, from another agent, with the same
     world size) it stays in the round, so a surplus participant is a violation.
@@ -108,15 +110,15 @@ class Rounds:
 
     def add(self, record: dict[str, str]) -> str:
         """File one worker's line; return its round's key."""
-        port = record["MASTER_PORT"]
-        key, reuse = port, 1
+        round_ = record["AIOELASTIC_ROUND"]
+        key, reuse = round_, 1
         while key in self.by_port and _is_complete(self.by_port[key]):
             records = self.by_port[key]
             same_round = key == self._last and record["WORLD_SIZE"] == records[0]["WORLD_SIZE"]
             if same_round and all(r["AGENT"] != record["AGENT"] for r in records):
                 break
             reuse += 1
-            key = f"{port}#{reuse}"
+            key = f"{round_}#{reuse}"
         self.by_port.setdefault(key, []).append(record)
         self._last = key
         if _is_complete(self.by_port[key]):

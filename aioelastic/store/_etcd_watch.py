@@ -129,7 +129,15 @@ class Watches:
         call = member.watch.Watch(metadata=(*(member.metadata or ()), ("hasleader", "true")))
         try:
             return await first_of(
-                functools.partial(_read_watch, call, member, ranges, start_revision, established),
+                functools.partial(
+                    _read_watch,
+                    call,
+                    member,
+                    ranges,
+                    start_revision,
+                    established,
+                    self._changed_in_gap,
+                ),
                 functools.partial(self._probe, member),
             )
         finally:
@@ -155,6 +163,15 @@ class Watches:
                 if not is_rpc_error(error):
                     raise
                 # Refused rather than stalled (an expired token, say): the watch decides.
+
+    async def _changed_in_gap(self, ranges: Ranges, after: int) -> int | None:
+        """The store revision if a key in ``ranges`` changed after ``after`` (one read per
+        range), else None: what a watch created later than ``after`` cannot report."""
+        for start, end in ranges:
+            revision = await self.changed_since(start, end, after)
+            if revision is not None:
+                return revision
+        return None
 
     async def changed_since(self, start: bytes, end: bytes, after: int) -> int | None:
         """Return the store revision if a key in ``[start, end)`` changed after ``after``."""
@@ -192,10 +209,20 @@ async def _read_watch(
     ranges: Ranges,
     start_revision: int,
     established: Callable[[], None],
+    changed_in_gap: Callable[[Ranges, int], Awaitable[int | None]],
 ) -> Fired | None:
+    """Watch ``ranges`` for changes from ``start_revision``: from now, then one read for the
+    changes before the watch began (if any could be).
+
+    Not from ``start_revision`` itself: etcd serves a watch that starts in the past (any write
+    since the caller's read makes it so) from a catch-up loop that runs every 100 ms, so it
+    would hear even a later change up to 100 ms late. A watch from now is served at once, and
+    its creation reports the revision it starts after.
+    """
     for key, end in ranges:
-        create = rpc.WatchCreateRequest(key=key, range_end=end, start_revision=start_revision)
+        create = rpc.WatchCreateRequest(key=key, range_end=end)
         await settle(call.write(rpc.WatchRequest(create_request=create)))
+    created = 0
     while True:
         response = await settle(call.read())
         if response is grpc.aio.EOF:
@@ -216,3 +243,10 @@ async def _read_watch(
             )
         if response.created:
             established()
+            created += 1
+            began_after = int(response.header.revision)
+            if created == len(ranges) and began_after >= start_revision:
+                # Changes in [start_revision, began_after] came before the watch began.
+                revision = await changed_in_gap(ranges, start_revision - 1)
+                if revision is not None:
+                    return Fired(revision)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable
 
 import anyio
 import grpc
@@ -74,6 +75,24 @@ async def test_counted_writes_from_many_clients_never_conflict(
         requests = a.statistics().requests + b.statistics().requests - before
     assert sorted(counts) == list(range(1, 21))
     assert 20 <= requests <= 22  # one each (a session keep-alive may fall in between)
+
+
+async def test_a_get_that_waits_takes_the_value_from_the_watch(etcd_store: EtcdStore) -> None:
+    """A get of a key that appears later costs one read and one watch, not a read again."""
+    values: list[bytes] = []
+    before = etcd_store.statistics().requests
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: _append(values, etcd_store.get("late", timeout=60)))
+        with anyio.fail_after(30):  # until the get has read and started its watch
+            while etcd_store.statistics().requests < before + 2:
+                await anyio.lowlevel.checkpoint()
+        await etcd_store.set("late", b"here")  # one request
+    assert values == [b"here"]
+    assert etcd_store.statistics().requests - before <= 3
+
+
+async def _append(values: list[bytes], value: Awaitable[bytes]) -> None:
+    values.append(await value)
 
 
 @one_loop
