@@ -22,6 +22,11 @@ async def main(endpoints: str) -> None:
         print("arrival:", await store.add("arrivals", 1))  # exactly once, even on failover
         snapshot = await store.get_prefix("alive/")
         print("alive:", sorted(snapshot.items))
+        # No atomic add in etcd: count keys as they are written instead (one transaction each,
+        # nothing to conflict on); this is how the rendezvous numbers its arrivals on etcd.
+        first = await store.multi_set_and_count(["join/a"], [b"a"], prefix="join/")
+        second = await store.multi_set_and_count(["join/b"], [b"b"], prefix="join/")
+        print(f"joined: {first} then {second}")
 
     params = RendezvousParameters("etcd", endpoints, job, min_nodes=2, max_nodes=2)
     handlers = [get_rendezvous_handler(params) for _ in range(2)]

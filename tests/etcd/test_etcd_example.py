@@ -17,7 +17,7 @@ CLUSTER_EXAMPLE = EXAMPLE.with_name("etcd_test_cluster.py")
 
 @pytest.mark.etcd
 def test_etcd_example_stores_and_forms_a_round(etcd_server: EtcdCluster) -> None:
-    """etcd_store.py: a TTL key, an add, and two nodes ranked 0 and 1 of 2."""
+    """etcd_store.py: a TTL key, an add, counted writes, and two nodes ranked 0 and 1 of 2."""
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), etcd_server.endpoints],
         capture_output=True,
@@ -26,8 +26,8 @@ def test_etcd_example_stores_and_forms_a_round(etcd_server: EtcdCluster) -> None
         check=True,
     )
     lines = done.stdout.splitlines()
-    assert lines[:2] == ["arrival: 1", "alive: ['alive/node-0']"]
-    assert sorted(line.split(": ", 1)[1] for line in lines[2:]) == ["rank 0 of 2", "rank 1 of 2"]
+    assert lines[:3] == ["arrival: 1", "alive: ['alive/node-0']", "joined: 1 then 2"]
+    assert sorted(line.split(": ", 1)[1] for line in lines[3:]) == ["rank 0 of 2", "rank 1 of 2"]
 
 
 @pytest.mark.etcd
@@ -44,7 +44,7 @@ def test_readme_etcd_snippet_runs(
     result = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60
     )
-    assert (result.returncode, result.stdout) == (0, "1\n"), result.stderr
+    assert (result.returncode, result.stdout) == (0, "1\n1\n"), result.stderr
 
 
 @pytest.mark.etcd
