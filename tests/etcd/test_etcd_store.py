@@ -65,9 +65,7 @@ async def test_counted_writes_from_many_clients_never_conflict(
         before = a.statistics().requests + b.statistics().requests
 
         async def writer(store: EtcdStore, node: int) -> None:
-            counts.append(
-                await store.multi_set_and_count([f"join/{node}"], [b"r"], prefix="join/")
-            )
+            counts.append(await store.multi_set_and_count([f"join/{node}"], [b"r"], prefix="join/"))
 
         async with anyio.create_task_group() as tg:
             for node in range(20):
