@@ -126,11 +126,12 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._rank = -1
         self._invalidated: RoundInvalidated | None = None
         self._invalid_event: anyio.Event | None = None
-        self._monitor_scope: anyio.CancelScope | None = None
-        self._keep_alive_scope: anyio.CancelScope | None = None
+        self._monitor_scope: anyio.CancelScope | None = None  # the round's inbox watch
+        self._successor_scope: anyio.CancelScope | None = None  # its ring successor watch
+        self._keep_alive_scope: anyio.CancelScope | None = None  # keep-alives and the lease
         self._lease = Lease.for_settings(settings.heartbeat_timeout, settings.keep_alive_interval)
         self._renewal_failures = RenewalFailures()
-        self._poke = anyio.Event()  # set by each renewal and each completed round
+        self._poke = anyio.Event()  # set by each renewal: the lease moved
         self._contact = -math.inf  # when a store call last succeeded, on the clock
 
     def __repr__(self) -> str:
@@ -179,7 +180,6 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._keep_alive_scope = anyio.CancelScope()
             self._tg.start_soon(self._keep_alive, self._keep_alive_scope)
-            self._tg.start_soon(self._watch_lease)
         except BaseException:
             await stack.aclose()
             raise
@@ -211,11 +211,14 @@ class ElasticRendezvousHandler(RendezvousHandler):
         try:
             outcome = await call
         except StoreError as error:
-            raise RendezvousConnectionError(
-                f"rendezvous of run {self.settings.run_id!r} lost its store: {error}"
-            ) from error
+            raise self._store_lost(error) from error
         self._contact = self._clock.now()
         return outcome
+
+    def _store_lost(self, error: StoreError) -> RendezvousConnectionError:
+        return RendezvousConnectionError(
+            f"rendezvous of run {self.settings.run_id!r} lost its store: {error}"
+        )
 
     # -- the torch API ------------------------------------------------------------------------
 
@@ -338,9 +341,13 @@ class ElasticRendezvousHandler(RendezvousHandler):
         try:
             while not isinstance(command, m.Finish | m.Fail):
                 logger.debug("rendezvous node %d: %s", self._node, command)
-                event = await self._guarded(self._execute(command))
+                try:  # as _guarded, one coroutine fewer: a waiting node holds each
+                    event = await self._execute(command)
+                except StoreError as error:
+                    raise self._store_lost(error) from error
+                now = self._contact = self._clock.now()
                 logger.debug("rendezvous node %d: %s", self._node, event)
-                command = machine.send(event, self._clock.now())
+                command = machine.send(event, now)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._abandon(machine)
@@ -363,7 +370,11 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 await store.set(layout.join_key(round_, record.node), record.encode())
                 return m.Arrived(await store.add(layout.count_key(round_), 1))
             case m.AwaitResult(round_, deadline):
-                return await self._await_result(round_, deadline)
+                with self._clock.move_on_at(deadline):
+                    return m.ResultSeen(
+                        await store.get(layout.result_key(round_), timeout=math.inf)
+                    )
+                return m.DeadlineReached()
             case m.ReadCandidates(round_):
                 joins = await store.get_prefix(layout.join_prefix(round_))
                 alive = await store.get_prefix(layout.alive_prefix())
@@ -375,8 +386,11 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     await self._compare_set_until_done(m.AdvanceLatest.first(round_))
                 return m.Published(stored)
             case m.AwaitJoins(round_, deadline, lapsed, after):
-                wait = functools.partial(self._await_joins, round_, lapsed, after)
-                if await self._before(deadline, wait) is None:
+                changed = False
+                with self._clock.move_on_at(deadline):
+                    await self._await_joins(round_, lapsed, after)
+                    changed = True
+                if not changed:
                     return m.DeadlineReached()
                 sealed = await store.get_prefix(layout.result_key(round_))
                 found = sealed.items.get(layout.result_key(round_))
@@ -400,29 +414,23 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 return step
             step = following
 
-    async def _await_joins(self, round_: int, lapsed: frozenset[int], after: int) -> bool:
+    async def _await_joins(self, round_: int, lapsed: frozenset[int], after: int) -> None:
         """Return once the round changed or a lapsed joiner's liveness key is back."""
         store = self._store
         assert store is not None
+        change = functools.partial(
+            store.wait_for_change, layout.round_prefix(round_), after=after, timeout=math.inf
+        )
+        if not lapsed:  # the usual case: no race, no task
+            await change()
+            return
         await first_of(
-            functools.partial(
-                store.wait_for_change,
-                layout.round_prefix(round_),
-                after=after,
-                timeout=math.inf,
-            ),
+            change,
             *(
                 functools.partial(store.wait, [layout.alive_key(node)], timeout=math.inf)
                 for node in lapsed
             ),
         )
-        return True
-
-    async def _await_result(self, round_: int, deadline: float) -> m.Event:
-        assert self._store is not None
-        get = functools.partial(self._store.get, layout.result_key(round_), timeout=math.inf)
-        value = await self._before(deadline, get)
-        return m.DeadlineReached() if value is None else m.ResultSeen(value)
 
     async def _before(self, deadline: float, call: Callable[[], Awaitable[T]]) -> T | None:
         """Return what ``call()`` returns, or None if ``deadline`` (on the clock) comes first."""
@@ -451,13 +459,17 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._rounds_completed += 1
         self._invalidated = None
         self._invalid_event = anyio.Event()
-        self._monitor_scope = anyio.CancelScope()
         assert self._tg is not None
-        self._tg.start_soon(self._monitor, result, self._monitor_scope)
-        self._poke.set()  # the lease watcher looks at the new round
+        self._monitor_scope = anyio.CancelScope()
+        self._tg.start_soon(self._monitor, self._monitor_scope, self._watch_inbox, result)
+        if m.ring_successor(result.members, self._node) is not None:
+            self._successor_scope = anyio.CancelScope()
+            self._tg.start_soon(self._monitor, self._successor_scope, self._watch_successor, result)
         self._emit(
             RoundCompleted(self.settings.run_id, result.round, self._node, rank, result.world_size)
         )
+        if self._lease.lapsed(now := self._clock.now()):  # it lapsed while joining
+            self._fence(now)
         logger.info(
             "rendezvous %r round %d complete: node %d is rank %d of %d",
             self.settings.run_id,
@@ -509,16 +521,32 @@ class ElasticRendezvousHandler(RendezvousHandler):
             logger.warning("rendezvous %r: %s", self.settings.run_id, summary)
 
     async def _keep_alive(self, scope: anyio.CancelScope) -> None:
-        """Renew every ``keep_alive_interval``, each renewal on its own: one stuck on a dead
-        connection or member does not hold back the next."""
-        interval = self.settings.keep_alive_interval
+        """Keep this node alive and watch its lease, in one task (one waiting task a node,
+        where thousands of nodes share a process).
+
+        Renew every ``keep_alive_interval``, each renewal on its own: one stuck on a dead
+        connection or member does not hold back the next. Fence the current round as soon as
+        the lease lapses (see :mod:`._lease`). Between the two, wait for the earlier of the
+        next renewal and the lease's end, or for a poke: a renewal moved the lease. (A round
+        completed on a lapsed lease is fenced as it completes, by :meth:`_completed`.)
+        """
+        interval, clock = self.settings.keep_alive_interval, self._clock
         with scope:
             async with anyio.create_task_group() as renewals:
-                due = self._clock.now()
+                due = clock.now() + interval
                 while True:
-                    due = max(due + interval, self._clock.now())
-                    await self._clock.sleep_until(due)
-                    renewals.start_soon(self._renew_logged)
+                    now = clock.now()
+                    if now >= due:
+                        renewals.start_soon(self._renew_logged)
+                        due = max(due + interval, now)
+                    poke = self._poke = anyio.Event()
+                    if self._lease.lapsed(now):
+                        self._fence(now)
+                        wake = due
+                    else:
+                        wake = min(due, self._lease.fence_at)
+                    with clock.move_on_at(wake):
+                        await poke.wait()
 
     async def _renew_logged(self) -> None:
         """Renew once; a failure is logged when a run of them starts (see
@@ -530,17 +558,6 @@ class ElasticRendezvousHandler(RendezvousHandler):
             line = self._renewal_failures.failed(sent, self._clock.now(), str(error))
             if line is not None:
                 logger.warning("rendezvous %r: %s", self.settings.run_id, line)
-
-    async def _watch_lease(self) -> None:
-        """Fence the current round as soon as the lease lapses (see :mod:`._lease`)."""
-        while True:
-            poke = self._poke = anyio.Event()
-            now = self._clock.now()
-            if not self._lease.lapsed(now):
-                await self._before(self._lease.fence_at, poke.wait)
-                continue
-            self._fence(now)
-            await poke.wait()  # a renewal or a new round
 
     def _follow_lease_reports(self, store: Store, prefix: str) -> Callable[[], None]:
         """Fence as soon as ``store`` reports this node's liveness lease lost (an etcd store
@@ -583,32 +600,30 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     def _leave_round(self, why: str) -> None:
         """Stop watching the last round; waiters learn it is no longer valid for this node."""
-        if self._monitor_scope is not None:
-            self._monitor_scope.cancel()
-            self._monitor_scope = None
+        for scope in (self._monitor_scope, self._successor_scope):
+            if scope is not None:
+                scope.cancel()
+        self._monitor_scope = self._successor_scope = None
         if self._last is not None:
             self._invalidate(RoundInvalidated(InvalidationReason.NODES_WAITING, why))
 
-    async def _monitor(self, result: layout.RoundResult, scope: anyio.CancelScope) -> None:
-        """Watch the round until it is invalid.
+    async def _monitor(
+        self,
+        scope: anyio.CancelScope,
+        watch: Callable[[layout.RoundResult], Awaitable[None]],
+        result: layout.RoundResult,
+    ) -> None:
+        """Run one of the round's watches (its inbox, its ring successor) in ``scope``.
 
-        A store failure is no verdict: the watch starts again while the lease holds (a blip
-        costs the world nothing), and once the lease lapses :meth:`_watch_lease` fences the
-        round, which stops the workers before anyone may take their ranks.
+        Each watch is a task of its own, so neither holds the other back. A store failure is
+        no verdict: the watch starts again while the lease holds (a blip costs the world
+        nothing), and once the lease lapses :meth:`_keep_alive` fences the round, which stops
+        the workers before anyone may take their ranks.
         """
-        successor = m.ring_successor(result.members, self._node)
-        watch_successor: list[Callable[[], Awaitable[None]]] = []
-        if successor is not None:
-
-            async def watch_successor_meanwhile() -> None:  # the inbox watch decides the end
-                await self._watch_successor(result, successor)
-                await anyio.sleep_forever()
-
-            watch_successor.append(watch_successor_meanwhile)
         with scope:
             while True:
                 try:
-                    await first_of(functools.partial(self._watch_inbox, result), *watch_successor)
+                    await watch(result)
                     return
                 except StoreError as failure:
                     error = failure
@@ -634,22 +649,27 @@ class ElasticRendezvousHandler(RendezvousHandler):
             await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
             snapshot = await self._store.get_prefix(prefix)
         self._invalidate(verdict)
+        if self._successor_scope is not None:  # the inbox decides: the round is over
+            self._successor_scope.cancel()
 
-    async def _watch_successor(self, result: layout.RoundResult, successor: int) -> None:
+    async def _watch_successor(self, result: layout.RoundResult) -> None:
         """Report the ring successor lost once its liveness key is gone, or once this node has
         seen no renewal of it for ``heartbeat_timeout`` (by its own clock) and a fresh read
         confirms none came: a store may keep the key longer than its TTL (etcd may refresh
         leases when a new leader is promoted)."""
         assert self._store is not None
+        successor = m.ring_successor(result.members, self._node)
+        assert successor is not None
         store, timeout = self._store, self.settings.heartbeat_timeout
         prefix, key = layout.alive_prefix(successor), layout.alive_key(successor)
         snapshot = await store.get_prefix(prefix)
         seen = self._clock.now()
         while key in snapshot.items:
-            change = functools.partial(
-                store.wait_for_change, prefix, after=snapshot.revision, timeout=math.inf
-            )
-            if await self._before(seen + timeout, change) is None:
+            changed = False
+            with self._clock.move_on_at(seen + timeout):
+                await store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
+                changed = True
+            if not changed:
                 try:
                     await store.wait_for_change(prefix, after=snapshot.revision, timeout=0)
                 except StoreTimeoutError:

@@ -62,5 +62,6 @@ def hang(handler: ElasticRendezvousHandler) -> None:
     """Fault injection: the node hangs (no more keep-alives, no more watching its round)."""
     assert handler._keep_alive_scope is not None
     handler._keep_alive_scope.cancel()
-    if handler._monitor_scope is not None:
-        handler._monitor_scope.cancel()
+    for scope in (handler._monitor_scope, handler._successor_scope):
+        if scope is not None:
+            scope.cancel()
