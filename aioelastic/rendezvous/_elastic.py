@@ -129,6 +129,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._monitor_scope: anyio.CancelScope | None = None  # the round's inbox watch
         self._successor_scope: anyio.CancelScope | None = None  # its ring successor watch
         self._keep_alive_scope: anyio.CancelScope | None = None  # keep-alives and the lease
+        self._renewals: set[anyio.CancelScope] = set()  # each renewal in flight, in self._tg
         self._lease = Lease.for_settings(settings.heartbeat_timeout, settings.keep_alive_interval)
         self._renewal_failures = RenewalFailures()
         self._poke = anyio.Event()  # set by each renewal: the lease moved
@@ -313,6 +314,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._shut = True
         if self._keep_alive_scope is not None:
             self._keep_alive_scope.cancel()
+        for renewal in self._renewals:
+            renewal.cancel()
         store = self._store
         last, still_valid = self._last, self._invalidated is None
         self._leave_round("this handler shut down")
@@ -530,34 +533,41 @@ class ElasticRendezvousHandler(RendezvousHandler):
         next renewal and the lease's end, or for a poke: a renewal moved the lease. (A round
         completed on a lapsed lease is fenced as it completes, by :meth:`_completed`.)
         """
-        interval, clock = self.settings.keep_alive_interval, self._clock
+        interval, clock, tg = self.settings.keep_alive_interval, self._clock, self._tg
+        assert tg is not None
         with scope:
-            async with anyio.create_task_group() as renewals:
-                due = clock.now() + interval
-                while True:
-                    now = clock.now()
-                    if now >= due:
-                        renewals.start_soon(self._renew_logged)
-                        due = max(due + interval, now)
-                    poke = self._poke = anyio.Event()
-                    if self._lease.lapsed(now):
-                        self._fence(now)
-                        wake = due
-                    else:
-                        wake = min(due, self._lease.fence_at)
-                    with clock.move_on_at(wake):
-                        await poke.wait()
+            due = clock.now() + interval
+            while True:
+                now = clock.now()
+                if now >= due:
+                    tg.start_soon(self._renew_logged)
+                    due = max(due + interval, now)
+                poke = self._poke = anyio.Event()
+                if self._lease.lapsed(now):
+                    self._fence(now)
+                    wake = due
+                else:
+                    wake = min(due, self._lease.fence_at)
+                with clock.move_on_at(wake):
+                    await poke.wait()
 
     async def _renew_logged(self) -> None:
         """Renew once; a failure is logged when a run of them starts (see
         :class:`RenewalFailures`), the run is summarised when it ends or fences the node."""
+        if self._shut:  # started after shutdown stopped the keep-alives
+            return
         sent = self._clock.now()
+        scope = anyio.CancelScope()  # shutdown cancels the renewals in flight
+        self._renewals.add(scope)
         try:
-            await self._renew()
+            with scope:
+                await self._renew()
         except RendezvousError as error:
             line = self._renewal_failures.failed(sent, self._clock.now(), str(error))
             if line is not None:
                 logger.warning("rendezvous %r: %s", self.settings.run_id, line)
+        finally:
+            self._renewals.discard(scope)
 
     def _follow_lease_reports(self, store: Store, prefix: str) -> Callable[[], None]:
         """Fence as soon as ``store`` reports this node's liveness lease lost (an etcd store

@@ -18,9 +18,10 @@ waiting. The TCP server calls the synchronous ones directly on its hot path.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -63,6 +64,15 @@ class _KeyWaiters:
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.count = 0
+
+
+def checkpoint() -> Awaitable[None]:
+    """:func:`anyio.lowlevel.checkpoint`; on asyncio the ``sleep(0)`` it comes down to, taken
+    directly: each store call takes one, and this one holds two coroutines fewer while every
+    other simulated node takes its turn."""
+    if asyncio._get_running_loop() is not None:
+        return asyncio.sleep(0)
+    return anyio.lowlevel.checkpoint()
 
 
 def check_ttl(ttl: float | None) -> None:
@@ -340,15 +350,6 @@ class MemoryStore(Store):
 
     # -- waiting ----------------------------------------------------------------------------
 
-    async def _wait_event(self, event: anyio.Event, deadline: float) -> bool:
-        """Wait for ``event`` until ``deadline`` on the store's clock; return whether it fired."""
-        if deadline == math.inf:
-            await event.wait()
-        else:
-            with self.clock.move_on_at(deadline):
-                await event.wait()
-        return event.is_set()
-
     def _deadline(self, timeout: float | None) -> tuple[float, float]:
         resolved = self.resolve_timeout(timeout)
         return resolved, self.clock.now() + resolved
@@ -368,7 +369,8 @@ class MemoryStore(Store):
             waiters.count += 1
             event = waiters.event
             try:
-                if deadline == math.inf:  # as _wait_event, inline: one coroutine fewer a waiter
+                if deadline == math.inf:  # waited here, not in a helper: a waiting call
+                    # holds one coroutine fewer while every other simulated node waits too
                     await event.wait()
                 else:
                     with self.clock.move_on_at(deadline):
@@ -388,19 +390,19 @@ class MemoryStore(Store):
 
     async def set(self, key: str, value: Value, *, ttl: float | None = None) -> None:
         self.set_nowait(key, value, ttl=ttl)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
 
     async def get(self, key: str, *, timeout: float | None = None) -> bytes:
         return (await self._wait_keys((check_key(key),), timeout))[0]
 
     async def add(self, key: str, amount: int) -> int:
         total = self.add_nowait(key, amount)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return total
 
     async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         stored = self.compare_set_nowait(key, expected, desired)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return stored
 
     async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
@@ -408,17 +410,17 @@ class MemoryStore(Store):
 
     async def check(self, keys: Sequence[str]) -> bool:
         found = self.check_nowait(keys)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return found
 
     async def delete_key(self, key: str) -> bool:
         existed = self.delete_nowait(key)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return existed
 
     async def num_keys(self) -> int:
         count = self.num_keys_nowait()
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return count
 
     async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
@@ -426,20 +428,20 @@ class MemoryStore(Store):
 
     async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
         self.multi_set_nowait(keys, values)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
 
     async def append(self, key: str, value: Value) -> None:
         self.append_nowait(key, value)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
 
     async def get_prefix(self, prefix: str) -> Snapshot:
         snapshot = self.get_prefix_nowait(check_key(prefix))
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return snapshot
 
     async def ttl_remaining(self, key: str) -> float | None:
         remaining = self.ttl_remaining_nowait(key)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return remaining
 
     async def wait_for_change(
@@ -452,14 +454,20 @@ class MemoryStore(Store):
             event = anyio.Event()
             waiter = (prefix, event)
             self._change_waiters.setdefault(path, []).append(waiter)
-            try:
-                fired = await self._wait_event(event, min(deadline, self._next_expiry(prefix)))
+            until = min(deadline, self._next_expiry(prefix))
+            try:  # waited here, as in _wait_keys
+                if until == math.inf:
+                    await event.wait()
+                else:
+                    with self.clock.move_on_at(until):
+                        await event.wait()
+                fired = event.is_set()
             finally:
                 if not event.is_set():
                     self._forget_change_waiter(path, waiter)
             if not fired and self.clock.now() >= deadline and not self.changed_since(prefix, after):
                 raise StoreTimeoutError([f"{prefix}*"], resolved, self.endpoint)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return self._revision
 
     def _forget_change_waiter(self, path: str, waiter: tuple[str, anyio.Event]) -> None:
@@ -479,4 +487,4 @@ class MemoryStore(Store):
                 event.set()
         self._key_waiters.clear()
         self._change_waiters.clear()
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
