@@ -480,10 +480,10 @@ class MemoryStore(Store):
     async def aclose(self) -> None:
         """Refuse further calls; calls waiting now raise :class:`StoreClosedError`."""
         self._closed = True
-        for waiters in self._key_waiters.values():
-            waiters.event.set()
-        for waiters in self._change_waiters.values():
-            for _, event in waiters:
+        for key_waiters in self._key_waiters.values():
+            key_waiters.event.set()
+        for change_waiters in self._change_waiters.values():
+            for _, event in change_waiters:
                 event.set()
         self._key_waiters.clear()
         self._change_waiters.clear()

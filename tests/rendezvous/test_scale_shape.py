@@ -5,10 +5,17 @@ N = 10, 100 and 1,000: per node, the store calls made, the index entries the sto
 to answer them, the prefix waiters it looked at to route changes, the waiters it woke, and
 the keys it was sent back. Anything O(N) per node (a full-state read per node, a scan of the
 store per read, every watcher woken by every change) multiplies one of these by 10 to 100.
+
+What a node holds is counted too: the tasks it keeps waiting and the objects the cyclic
+garbage collector must walk for it. One process simulating N nodes pays for every full
+collection in proportion to all of them, so a node holding more, or holding more as N grows,
+is what made the test kit and ``bench.scale`` superlinear.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from dataclasses import dataclass
 
 import pytest
@@ -60,6 +67,33 @@ class Meter:
         )
 
 
+@dataclass(frozen=True)
+class Held:
+    """What one node holds, on average, with its handler entered and after a round."""
+
+    entered_objects: float
+    formed_objects: float
+    formed_tasks: float
+
+
+def census() -> tuple[int, int]:
+    """GC-tracked objects and tasks of this process now (after a full collection)."""
+    gc.collect()
+    return len(gc.get_objects()), len(asyncio.all_tasks())
+
+
+async def held(size: int) -> Held:
+    """Enter ``size`` nodes and form one round; what each holds, beyond the process before."""
+    objects, tasks = census()
+    async with RendezvousCluster(size) as cluster:
+        entered, _ = census()
+        await cluster.rendezvous()
+        formed, formed_tasks = census()
+    return Held(
+        (entered - objects) / size, (formed - objects) / size, (formed_tasks - tasks) / size
+    )
+
+
 async def measure(size: int) -> tuple[Cost, Cost]:
     """One round of ``size`` nodes; then a crash and the survivors' round."""
     async with RendezvousCluster(size, min_nodes=size - 1, max_nodes=size) as cluster:
@@ -94,3 +128,20 @@ async def test_store_work_per_node_stays_constant_from_10_to_1000_nodes() -> Non
             assert large.most_calls <= small.most_calls
         assert small.keys_examined < 20
         assert small.wakeups < 10
+
+
+@pytest.mark.anyio
+async def test_what_a_node_holds_stays_constant_from_10_to_1000_nodes() -> None:
+    """Per node, the tasks kept waiting and the GC-tracked objects do not grow with N."""
+    census()  # a warm-up: imports and caches are the process's, not the nodes'
+    small, *rest = [await held(size) for size in SIZES]
+    for large in rest:
+        assert large.formed_tasks == small.formed_tasks
+        for name in ("entered_objects", "formed_objects"):
+            assert getattr(large, name) <= getattr(small, name) + 2, name
+    # A node in a round: its host task (the kit's, as a process's main task), one task that
+    # keeps it alive and watches its lease, and the round's two watches (inbox, successor).
+    assert small.formed_tasks == 4
+    # 310 objects a node before the handler's tasks were merged and its waits shortened; the
+    # bound leaves room for an anyio release, not for another task a node (~35 objects).
+    assert small.formed_objects < 275
