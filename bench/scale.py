@@ -31,6 +31,7 @@ are not. Run ``python -m bench.scale`` (``--quick``: the small sizes only).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import itertools
 import json
@@ -176,6 +177,8 @@ class Phase:
     """The store server's CPU seconds (TCP store server or etcd process; nan: in-process)."""
     gc: float = math.nan
     """CPU seconds of the cyclic garbage collector in this process during the phase."""
+    full_gc: int = 0
+    """Full collections during the phase (each walks every node's objects)."""
     ops: dict[str, int] = field(default_factory=dict)
 
 
@@ -186,6 +189,11 @@ class Point:
     formation: Phase
     loss: Phase
     generation: float = math.nan  # issue 16: time from failure to a new generation
+    objects: float = math.nan
+    """GC-tracked objects of this process per node once the round formed (no collection
+    first: the figure includes what is garbage by then, which is little)."""
+    tasks: float = math.nan
+    """Tasks of this process per node once the round formed (asyncio)."""
 
 
 class GCMeter:
@@ -193,6 +201,8 @@ class GCMeter:
 
     def __init__(self) -> None:
         self.total = 0.0
+        self.full = 0
+        """Full (oldest-generation) collections so far: each walks every tracked object."""
         self._start = 0.0
         gc.callbacks.append(self._callback)
 
@@ -201,6 +211,7 @@ class GCMeter:
             self._start = time.process_time()
         else:
             self.total += time.process_time() - self._start
+            self.full += info["generation"] == 2
 
 
 def proc_cpu(pid: int) -> float:
@@ -277,9 +288,11 @@ async def simulate(
         tg.start_soon(victim_node)
         await entered.wait()
         formation, loss = Phase(), Phase()
+        objects = tasks = 0
         for phase in (formation, loss):
             counts.clear()
             gc_before, cpu_before, server_before = meter.total, time.process_time(), server_cpu()
+            full_before = meter.full
             if phase is formation:
                 started = time.perf_counter()
                 go.set()
@@ -298,10 +311,13 @@ async def simulate(
             phase.cpu = time.process_time() - cpu_before
             phase.server = server_cpu() - server_before
             phase.gc = meter.total - gc_before
+            phase.full_gc = meter.full - full_before
             phase.ops = dict(counts)
+            if phase is formation:  # outside both measured windows
+                objects, tasks = len(gc.get_objects()), len(asyncio.all_tasks())
         tg.cancel_scope.cancel()
     gc.callbacks.remove(meter._callback)
-    return Point(backend, nodes, formation, loss)
+    return Point(backend, nodes, formation, loss, objects=objects / nodes, tasks=tasks / nodes)
 
 
 def generation_seconds(nodes: int) -> float:
@@ -454,6 +470,15 @@ def print_points(points: Sequence[Point]) -> None:
         f"loss->gen: the in-place recovery generation core's CPU, failure -> formed (n/a: above "
         f"{GENERATION_LIMIT} nodes, where its N^2 makes it minutes)"
     )
+    held = [p for p in points if math.isfinite(p.objects)]
+    if held:
+        print("\nwhat a node holds once its round formed (this process / N), and the collector")
+        for p in held:
+            print(
+                f"{p.backend:<8}{p.nodes:>7}  {p.objects:>6.0f} tracked objects/node  "
+                f"{p.tasks:>4.1f} tasks/node  full collections: formation {p.formation.full_gc}, "
+                f"loss {p.loss.full_gc}"
+            )
     print("\nstore operations per node, by operation")
     for p in points:
         for name, phase, size in (
