@@ -262,7 +262,8 @@ class WorkerGroup:
         shown_as: str | None = None,
     ) -> _Worker:
         """Start one worker; ``tag`` (default: its local rank) names its error file;
-        ``shown_as`` replaces its ranks in its console prefix (a spare holds none)."""
+        ``shown_as`` replaces its ranks in its console prefix, and its files go under ``tag``
+        (a spare holds no rank: not slot 0's prefix, not slot 0's log files)."""
         spec, info = self.spec, self.info
         tag = str(ranks.local_rank) if tag is None else tag
         if self._attempt_dir is not None:
@@ -270,7 +271,9 @@ class WorkerGroup:
             error_file.parent.mkdir(parents=True, exist_ok=True)
         else:
             error_file = Path(self._private_dir, f"error-{info.restart_count}-{tag}.json")
-        out_plan, err_plan = plan_streams(spec.logs, ranks.local_rank, self._attempt_dir)
+        out_plan, err_plan = plan_streams(  # one shown as another keeps its files apart too
+            spec.logs, ranks.local_rank, self._attempt_dir, directory=shown_as and tag
+        )
         laid_out = self._laid_out().get(ranks.local_rank) if spec.logs.layout else None
         if laid_out is not None:  # a torch LogsSpecs decided (--logs-specs)
             out_plan, err_plan = laid_out.stdout, laid_out.stderr

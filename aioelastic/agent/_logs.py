@@ -42,9 +42,10 @@ class StreamPlan:
 
 
 def plan_streams(
-    logs: LogSpec, local_rank: int, attempt_dir: Path | None
+    logs: LogSpec, local_rank: int, attempt_dir: Path | None, *, directory: str | None = None
 ) -> tuple[StreamPlan, StreamPlan]:
-    """Return the (stdout, stderr) plans of ``local_rank``; files live in ``attempt_dir``."""
+    """Return the (stdout, stderr) plans of ``local_rank``; files live in ``attempt_dir``,
+    under ``directory`` (default: the local rank; a spare's own, as it holds none)."""
     redirects = std_for(logs.redirects, local_rank)
     tee = std_for(logs.tee, local_rank)
     shown = logs.local_ranks_filter is None or local_rank in logs.local_ranks_filter
@@ -52,7 +53,8 @@ def plan_streams(
     for stream, name in ((Std.OUT, "stdout.log"), (Std.ERR, "stderr.log")):
         to_file = bool((redirects | tee) & stream) and attempt_dir is not None
         console = shown and (not redirects & stream or bool(tee & stream))
-        path = attempt_dir / str(local_rank) / name if to_file and attempt_dir else None
+        folder = str(local_rank) if directory is None else directory
+        path = attempt_dir / folder / name if to_file and attempt_dir else None
         inherit = console and path is None and (logs.inherit_console or not logs.line_prefix)
         plans.append(StreamPlan(console=console, file=path, inherit=inherit))
     return plans[0], plans[1]

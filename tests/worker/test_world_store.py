@@ -164,7 +164,8 @@ async def test_under_restart_recovery_the_world_store_is_the_agents(
 
 async def test_a_spare_claims_no_rank_until_it_is_placed(tmp_path: Path) -> None:
     """A spare's RANK/LOCAL_RANK/ROLE_RANK say -1 and its console lines "spare" until it takes
-    a rank; then its environment and its console prefix say that rank."""
+    a rank; then its environment and its console prefix say that rank. Its log files are its
+    own, not slot 0's."""
     finish = tmp_path / "finish"
     argv = [
         "--standalone", "--recovery", "in-place", "--nproc-per-node", "2", "--spares", "1",
@@ -183,6 +184,10 @@ async def test_a_spare_claims_no_rank_until_it_is_placed(tmp_path: Path) -> None
     placed = "RANK=1 LOCAL_RANK=1 ROLE_RANK=1 AIOELASTIC_SPARE=-"
     assert f"[1]: gen 2 rank 1 pid {spare} {placed}" in run.out.text
     assert "[0]: asking pid" in run.out.text  # the others as before
+    [attempt] = (tmp_path / "logs").glob("*/attempt_0")
+    spare_logs = [p.read_text() for p in attempt.glob("spare.*/stdout.log")]
+    assert any(f"asking pid {spare} {unplaced}" in text for text in spare_logs)
+    assert f"asking pid {spare}" not in (attempt / "0" / "stdout.log").read_text()
 
 
 async def test_a_wait_for_a_dead_peer_ends_with_its_world(tmp_path: Path) -> None:
