@@ -87,6 +87,8 @@ async def test_one_node_each_generation_meets_in_its_own_store(mode: str, tmp_pa
     argv = ["--standalone", "--recovery", "in-place", "--nproc-per-node", "3", *worker]
     with anyio.fail_after(BOUND * 2):
         async with agent(*argv) as run:
+            for rank in range(3):  # each reported (a wait of a world that ended would not)
+                await run.out.wait_for(f"gen 1 rank {rank} pid")
             victim = await kill_the_victim([run])
             await run.out.wait_for("gen 2 rank 2 pid")
             await run.out.wait_for("gen 2 rank 1 pid")
