@@ -99,6 +99,6 @@ class WorkerStore(Service):
             yield dataclasses.replace(workers, use_agent_store=True)
             return
         port = info.bootstrap_store_info.master_port
-        exposed = TorchStoreListener(scoped, EVERY_INTERFACE, port, expose=True)
+        exposed = TorchStoreListener(scoped, EVERY_INTERFACE, port, expose=True, native=True)
         async with exposed:
             yield dataclasses.replace(workers, use_agent_store=True)

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.agent.conftest import BOUND, Launched, launched
+from tests.agent.conftest import BOUND, Launched, free_port, launched
 from tests.agent.test_inplace_nodes import CONF, agent, consoles, rendezvous
 
 pytestmark = pytest.mark.anyio
@@ -213,3 +213,23 @@ async def test_a_wait_for_a_dead_peer_ends_with_its_world(tmp_path: Path) -> Non
     early = int(re.findall(r"dying early pid (\d+)", run.out.text)[0])
     survivors = set(re.findall(r"asking pid (\d+)", run.out.text)) - {str(early)}
     assert {str(worlds[2][r]) for r in (0, 2)} <= survivors
+
+
+async def test_with_an_exposed_agent_store_both_nodes_meet_in_it(tmp_path: Path) -> None:
+    """--expose-torch-store over c10d: workers without torch on both nodes reach group rank 0's
+    exposed listener with our protocol and meet in one generation's keys."""
+    finish = tmp_path / "finish"
+    finish.touch()
+    argv = [
+        "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=exposed-plain",
+        "--rdzv-conf=last_call_timeout=0.5,heartbeat_timeout=3,keep_alive_interval=0.5",
+        "--expose-torch-store", "--local-addr=127.0.0.1",
+        STORE_WORKER, "--exit-when", str(finish),
+    ]  # fmt: skip
+    with anyio.fail_after(BOUND * 2):
+        async with agent(*argv) as first, agent(*argv) as second:
+            statuses = [await first.wait(), await second.wait()]
+    assert statuses == [0, 0], (first, second)
+    worlds = check_each_generation_saw_its_members(first.out.text + second.out.text)
+    assert [len(members) for members in worlds.values()] == [2]
