@@ -31,6 +31,14 @@ ended, stop a worker, report.
   and makes a smaller generation. A joining node's workers are started and join the *next*
   generation once all of them are ready; the running generation is not disturbed meanwhile.
   A node joining before generation 1 was assigned is simply one of generation 1's.
+* **Verdicts.** A member whose ``with world:`` raised while its world seemed valid asks
+  whether the world ended (:class:`Troubled`); its agent reports when it waited long enough
+  (:class:`VerdictDue`). If by then most members asked while the others said nothing, the
+  silent ones are taken for hung and taken out (:class:`Evict`: on gloo a hung peer gives the
+  others no error but their process group's timeout); else, at the final verdict, the error is
+  the asker's own (:class:`OwnError`: it fails, as without the API). Every replica of a job
+  over many nodes decides alike, from the log's order alone. An early :class:`VerdictDue`
+  (``final=False``) only evicts: across nodes the final one waits for a lost node to be known.
 * **Leaving.** A survivor told that its world ended must enter the next one; one blocked in a
   collective with a peer that never answers (on a lost node) is made to leave by an abort in
   its own process (see ``aioelastic/worker/_abort.py``). The shell reports a survivor that has
@@ -225,6 +233,8 @@ class TimedOut:
 class EvictCause(enum.Enum):
     """Why the machine takes out a member that still runs."""
 
+    HUNG = "taken for hung"
+    """Most members' collectives failed while it answered nothing."""
     ABORT_UNAVAILABLE = "abort unavailable"
     """Its world ended and it cannot abort its collectives (a backend without abort)."""
     DID_NOT_LEAVE = "did not leave"
@@ -241,7 +251,37 @@ class LeaveDue:
     detail: str = ""
 
 
-Event = Ready | Entered | Exited | NodeLost | NodeJoined | Tick | TimedOut | LeaveDue
+@dataclass(frozen=True, slots=True)
+class Troubled:
+    """An exception left ``worker``'s ``with world:`` of ``generation``; it asks whether that
+    world ended (a peer's failure breaking a collective) or the error is its own."""
+
+    worker: WorkerKey
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictDue:
+    """``worker``'s agent waited long enough for ``generation``'s end: decide (``final``), or
+    only look for hung peers (an early look)."""
+
+    worker: WorkerKey
+    generation: int
+    final: bool
+
+
+Event = (
+    Ready
+    | Entered
+    | Exited
+    | NodeLost
+    | NodeJoined
+    | Tick
+    | TimedOut
+    | LeaveDue
+    | Troubled
+    | VerdictDue
+)
 EVENT_TYPES: tuple[type, ...] = (
     Ready,
     Entered,
@@ -251,6 +291,8 @@ EVENT_TYPES: tuple[type, ...] = (
     Tick,
     TimedOut,
     LeaveDue,
+    Troubled,
+    VerdictDue,
 )
 
 # -- commands (outputs) -------------------------------------------------------------------------
@@ -293,6 +335,15 @@ class Evict:
     """The generation it was in when taken out."""
     cause: EvictCause
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class OwnError:
+    """Tell ``worker`` that ``generation`` did not end: the exception it asked about is its own
+    (it fails, as it would without the API)."""
+
+    worker: WorkerKey
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +401,7 @@ Command = (
     | Assign
     | EndWorld
     | Evict
+    | OwnError
     | Stop
     | GenerationAssigned
     | GenerationFormed
@@ -378,6 +430,8 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         Tick: frozenset({Phase.WAITING}),
         TimedOut: frozenset({Phase.WAITING}),
         LeaveDue: frozenset({Phase.WAITING}),
+        Troubled: frozenset({Phase.WAITING}),
+        VerdictDue: frozenset({Phase.WAITING}),
     },
     Phase.FORMING: {
         Ready: frozenset({Phase.FORMING}),
@@ -388,6 +442,8 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         Tick: frozenset({Phase.FORMING, Phase.FELL_BACK}),
         TimedOut: frozenset({Phase.FORMING, Phase.FELL_BACK}),
         LeaveDue: frozenset({Phase.FORMING, Phase.FELL_BACK}),
+        Troubled: frozenset({Phase.FORMING}),
+        VerdictDue: frozenset({Phase.FORMING, Phase.FELL_BACK}),
     },
     Phase.RUNNING: {
         Ready: frozenset({Phase.RUNNING, Phase.FORMING}),
@@ -398,6 +454,8 @@ TRANSITIONS: Mapping[Phase, Mapping[type, frozenset[Phase]]] = {
         Tick: frozenset({Phase.RUNNING}),
         TimedOut: frozenset({Phase.RUNNING}),
         LeaveDue: frozenset({Phase.RUNNING}),
+        Troubled: frozenset({Phase.RUNNING}),
+        VerdictDue: frozenset({Phase.RUNNING, Phase.FORMING, Phase.FELL_BACK}),
     },
     # Terminal: the shell may still report exits of what it stops; nothing changes any more.
     Phase.FINISHED: {kind: frozenset({Phase.FINISHED}) for kind in EVENT_TYPES},
@@ -487,6 +545,10 @@ class GenerationMachine:
         """The first workers' states while WAITING (kept as counts: O(1) per event)."""
         self._done_members = 0
         """Members of the current generation that exited 0."""
+        self._troubled: set[WorkerKey] = set()
+        """Members of the current generation that asked whether it ended."""
+        self._condemned: set[WorkerKey] = set()
+        """Members of the current generation told that their error is their own."""
         self.fallback_reason: str | None = None
 
     # -- queries --------------------------------------------------------------------------------
@@ -570,6 +632,13 @@ class GenerationMachine:
                 return []
             case LeaveDue():
                 return self._leave_due(self._known(event, event.worker), event, now)
+            case Troubled():
+                worker = self._known(event, event.worker)
+                if self._asks_of_current(worker, event.generation):
+                    self._troubled.add(worker.key)
+                return []
+            case VerdictDue():
+                return self._verdict(self._known(event, event.worker), event, now)
             case TimedOut(generation=number):
                 current = self.generation
                 if self.phase is Phase.FORMING and current is not None and current.number == number:
@@ -690,6 +759,55 @@ class GenerationMachine:
         failed_at = self._recovery.failed_at if self._recovery is not None else None
         failed_at = now if failed_at is None else failed_at
         return self._next_generation(now, why, failed_at=failed_at, abort=True)
+
+    def _asks_of_current(self, worker: _Worker, number: int) -> bool:
+        generation = self.generation
+        return (
+            generation is not None
+            and generation.number == number
+            and worker.key in generation
+            and worker.state is WorkerState.MEMBER
+        )
+
+    def condemned_alive(self, key: WorkerKey) -> bool:
+        """Whether a member other than ``key`` was told its error is its own and still runs
+        (its exit breaks the others' collectives before its agent sees it: wait for it)."""
+        return any(
+            k != key and self._workers[k].state is WorkerState.MEMBER for k in self._condemned
+        )
+
+    def _verdict(self, worker: _Worker, event: VerdictDue, now: float) -> list[Command]:
+        """Evict the likely hung peers, or (final) tell the asker its error is its own."""
+        generation = self.generation
+        if not self._asks_of_current(worker, event.generation) or worker.key in self._condemned:
+            return []  # the world ended meanwhile (the end answered it), or a repeat
+        assert generation is not None
+        alive = [
+            k
+            for k in generation.members
+            if self._workers[k].state is WorkerState.MEMBER and k not in self._condemned
+        ]
+        asked = {k for k in alive if k in self._troubled}
+        hung = suspects(alive, asked)
+        if hung:
+            commands: list[Command] = []
+            for key in hung:
+                self._workers[key].state = WorkerState.GONE
+                self.failures += 1
+                reason = (
+                    f"{len(asked)} of {len(alive)} ranks' collectives failed in generation "
+                    f"{generation.number} while it answered nothing: {EvictCause.HUNG.value}"
+                )
+                commands.append(Evict(key, generation.number, EvictCause.HUNG, reason))
+            ranks = ", ".join(str(generation.rank_of(k)) for k in hung)
+            why = f"rank(s) {ranks} taken for hung"
+            if self.failures > self.max_failures:
+                return commands + self._fall_back(f"{why}: {self.failures} failures (a storm)")
+            return commands + self._member_gone(now, why)
+        if not event.final:
+            return []
+        self._condemned.add(worker.key)
+        return [OwnError(worker.key, generation.number)]
 
     def _leave_due(self, worker: _Worker, event: LeaveDue, now: float) -> list[Command]:
         """Take out a survivor that was told ``event.generation`` ended and entered no later
@@ -822,6 +940,7 @@ class GenerationMachine:
         )
         self.generation = generation
         self._done_members = 0
+        self._troubled, self._condemned = set(), set()
         self.phase = Phase.FORMING
         rank_of = {w.key: r for r, w in enumerate(members)}
         done = tuple(
@@ -1027,6 +1146,10 @@ def encode_entry(entry: LogEntry) -> bytes:
             body = {"timeout": number}
         case LeaveDue(worker=w, generation=number, cause=cause, detail=detail):
             body = {"leave": [w.node, w.serial, number, cause.value, detail]}
+        case Troubled(worker=w, generation=number):
+            body = {"troubled": [w.node, w.serial, number]}
+        case VerdictDue(worker=w, generation=number, final=final):
+            body = {"verdict": [w.node, w.serial, number, bool(final)]}
         case Tick():
             raise ValueError("Tick is local to one machine: a replicated log carries TimedOut")
     record = {"e": body, "by": entry.by, "n": entry.serial, "pid": entry.pid}
@@ -1060,6 +1183,11 @@ def decode_entry(raw: bytes) -> LogEntry:
             case "leave":
                 key = WorkerKey(int(value[0]), int(value[1]))
                 event = LeaveDue(key, int(value[2]), EvictCause(value[3]), str(value[4]))
+            case "troubled":
+                event = Troubled(WorkerKey(int(value[0]), int(value[1])), int(value[2]))
+            case "verdict":
+                key = WorkerKey(int(value[0]), int(value[1]))
+                event = VerdictDue(key, int(value[2]), bool(value[3]))
             case _:
                 raise GenerationLogError(raw, f"unknown kind {kind!r}")
     except GenerationLogError:

@@ -145,6 +145,17 @@ _Notice = _Exit | _Said | _Logged | _Answered
 
 
 @dataclass(slots=True)
+class _Verdict:
+    """A troubled worker waiting for its world's verdict: when it is due, whether it is the
+    final one (else an early look for hung peers), when the worker asked."""
+
+    generation: int
+    due: float
+    final: bool
+    asked_at: float
+
+
+@dataclass(slots=True)
 class _Leaving:
     """A survivor told that ``generation`` ended, until it enters a later one."""
 
@@ -171,10 +182,6 @@ class InPlaceGroup(WorkerGroup):
     store: Store | None = None
     """Where the node's generation is shown (``aioelastic status``), if anywhere."""
 
-    evicts = True
-    """Whether likely hung peers are evicted (every member is on this node, so the agent knows
-    who is silent)."""
-
     def verdict_grace(self) -> float:
         """How long a troubled worker waits for its world's end before its error counts as its
         own (a peer's death on this node reaches the agent through its pidfd at once)."""
@@ -198,14 +205,10 @@ class InPlaceGroup(WorkerGroup):
     def _setup_links(self) -> None:
         self.status_rank = self.info.group_rank
         self._linked: dict[g.WorkerKey, _Linked] = {}
-        self._verdicts: dict[g.WorkerKey, tuple[int, float]] = {}
+        self._verdicts: dict[g.WorkerKey, _Verdict] = {}
         self._failed_at: dict[g.WorkerKey, float] = {}
         self._tell, self._heard = anyio.create_memory_object_stream[_Notice](math.inf)
         self._reports: list[AgentEvent] = []
-        self._troubled: dict[int, set[g.WorkerKey]] = {}
-        self._condemned: dict[int, set[g.WorkerKey]] = {}
-        """By generation: the members told their error is their own (they are failing)."""
-        self._asked_at: dict[g.WorkerKey, float] = {}
         self._later: list[g.Spawn] = []
         self._leaving: dict[g.WorkerKey, _Leaving] = {}
         self._shown = anyio.Event()
@@ -300,7 +303,7 @@ class InPlaceGroup(WorkerGroup):
             due = min(
                 [
                     self._next_deadline(),
-                    *(d for _, d in self._verdicts.values()),
+                    *(verdict.due for verdict in self._verdicts.values()),
                     *(leaving.due for leaving in self._leaving.values()),
                 ]
             )
@@ -309,9 +312,8 @@ class InPlaceGroup(WorkerGroup):
                 notice = await heard.receive()
             now = anyio.current_time()
             if notice is None:
-                self._give_verdicts(now)
-                self._leaves_due(now)
-                commands = self._on_deadline(now)
+                commands = self._give_verdicts(now) + self._leaves_due(now)
+                commands += self._on_deadline(now)
             else:
                 commands = self._hear(notice, now)
             ended = self._apply(commands)
@@ -344,11 +346,12 @@ class InPlaceGroup(WorkerGroup):
                 return self._record(g.Entered(linked.key, number), now)
             case Trouble(generation=number):
                 current = self.machine.generation
-                if current is not None and current.number == number:
-                    self._verdicts[linked.key] = (number, now + self.verdict_grace())
-                    self._asked_at[linked.key] = now
-                    self._troubled.setdefault(number, set()).add(linked.key)
-                return []
+                if current is None or current.number != number:
+                    return []  # a world that already ended: the end answers it
+                early = self.verdict_grace() > VERDICT_GRACE  # a first look for hung peers
+                grace = VERDICT_GRACE if early else self.verdict_grace()
+                self._verdicts[linked.key] = _Verdict(number, now + grace, not early, now)
+                return self._record(g.Troubled(linked.key, number), now)
             case other:
                 logger.warning("worker %s sent an agent's message %r; ignored", linked.key, other)
                 return []
@@ -390,54 +393,41 @@ class InPlaceGroup(WorkerGroup):
             leaving.cause = g.EvictCause.ABORT_UNAVAILABLE
             leaving.detail = reply.detail
 
-    def _leaves_due(self, now: float) -> None:
+    def _leaves_due(self, now: float) -> list[g.Command]:
         """Report the survivors whose time to leave their ended world passed (the machine
         says whether they are still stuck there)."""
+        commands: list[g.Command] = []
         for key, leaving in list(self._leaving.items()):
             if leaving.due <= now:
                 del self._leaving[key]
                 due = g.LeaveDue(key, leaving.generation, leaving.cause, leaving.detail)
-                self._record(due, now)
+                commands += self._record(due, now)
+        return commands
 
-    def _give_verdicts(self, now: float) -> None:
-        """Answer the workers whose grace passed: wait on while a peer told "still valid" is
-        failing (its exit breaks the others' collectives before the agent sees it), evict the
-        likely hung peers (their deaths end the world, which answers everyone), or tell them
-        their world is still valid (the error is their own)."""
-        current = self.machine.generation
-        for key, (number, due) in list(self._verdicts.items()):
-            if due > now or key not in self._verdicts:
+    def _give_verdicts(self, now: float) -> list[g.Command]:
+        """Report the troubled workers whose grace passed (the machine decides: evict the
+        likely hung peers, or tell the asker its error is its own). A final verdict waits on
+        while a peer told "still valid" is failing (its exit breaks the others' collectives
+        before the agent sees it), up to ``recovery_timeout`` since the asking."""
+        commands: list[g.Command] = []
+        for key, verdict in list(self._verdicts.items()):
+            if verdict.due > now or self._verdicts.get(key) is not verdict:
                 continue
             del self._verdicts[key]
-            if current is None or current.number != number:
-                continue
-            alive = [k for k in current.members if self.machine.state_of(k) is g.WorkerState.MEMBER]
-            failing = self._condemned.setdefault(number, set())
-            waited = now - self._asked_at.get(key, now)
-            if (failing & set(alive)) - {key} and waited < self.spec.recovery_timeout:
-                self._verdicts[key] = (number, now + self.verdict_grace())
-                continue
-            troubled_now = self._troubled.get(number, set()) - failing
-            evict = g.suspects(alive, troubled_now) if self.evicts else ()
-            if not evict:
-                failing.add(key)
-                self._send(key, StillValid(number))
-                continue
-            for other in [k for k, (n, _) in self._verdicts.items() if n == number]:
-                del self._verdicts[other]
-            troubled = len(self._troubled[number])
-            for suspect in evict:
-                worker = self._linked[suspect].worker
-                reason = (
-                    f"{troubled} of {len(alive)} ranks' collectives failed in generation "
-                    f"{number} while it answered nothing: taken for hung"
+            number = verdict.generation
+            if not verdict.final:
+                final = _Verdict(
+                    number, verdict.asked_at + self.verdict_grace(), True, verdict.asked_at
                 )
-                self._emit(
-                    WorkerEvicted(
-                        worker.ranks.rank, worker.ranks.local_rank, worker.process.pid, reason
-                    )
-                )
-                worker.process.signal_group(signal.SIGKILL)
+                self._verdicts[key] = final
+            elif (
+                self.machine.condemned_alive(key)
+                and now - verdict.asked_at < self.spec.recovery_timeout
+            ):
+                self._verdicts[key] = _Verdict(number, now + VERDICT_GRACE, True, verdict.asked_at)
+                continue
+            commands += self._record(g.VerdictDue(key, number, verdict.final), now)
+        return commands
 
     # -- from the machine to the world ------------------------------------------------------------
 
@@ -445,7 +435,7 @@ class InPlaceGroup(WorkerGroup):
         """Do what the machine said: tell the workers first, then start processes, then
         report. A new spare starts once the generation formed: starting a process holds this
         loop, which also serves the world's store, for tens of milliseconds on a busy host."""
-        told = g.Assign | g.EndWorld | g.Stop | g.Evict
+        told = g.Assign | g.EndWorld | g.Stop | g.Evict | g.OwnError
         urgent = [c for c in commands if isinstance(c, told)]
         spawns = [c for c in commands if isinstance(c, g.Spawn)]
         rest = [c for c in commands if not isinstance(c, told | g.Spawn)]
@@ -480,6 +470,8 @@ class InPlaceGroup(WorkerGroup):
                         )
                 case g.Evict():
                     self._evict(command)
+                case g.OwnError():
+                    self._send(command.worker, StillValid(command.generation))
                 case g.Stop():
                     self._send(command.worker, NoMoreWorlds("the job finished"))
                 case g.GenerationAssigned():
@@ -517,7 +509,7 @@ class InPlaceGroup(WorkerGroup):
 
     def _concerns_me(self, command: g.Command) -> bool:
         """Whether this node acts on ``command`` (each node starts and tells only its own)."""
-        if isinstance(command, g.Spawn | g.Assign | g.Stop | g.Evict):
+        if isinstance(command, g.Spawn | g.Assign | g.Stop | g.Evict | g.OwnError):
             return command.worker.node == self.node
         return True
 
@@ -538,8 +530,12 @@ class InPlaceGroup(WorkerGroup):
         if linked is None:
             return
         worker = linked.worker
-        self._emit(
-            WorkerRestartedToLeave(
+        if command.cause is g.EvictCause.HUNG:
+            evicted: AgentEvent = WorkerEvicted(
+                worker.ranks.rank, worker.ranks.local_rank, worker.process.pid, command.reason
+            )
+        else:
+            evicted = WorkerRestartedToLeave(
                 worker.ranks.rank,
                 worker.ranks.local_rank,
                 worker.process.pid,
@@ -547,7 +543,7 @@ class InPlaceGroup(WorkerGroup):
                 command.cause,
                 command.reason,
             )
-        )
+        self._emit(evicted)
         self.reported.add(worker.process.pid)
         worker.process.signal_group(signal.SIGKILL)
 
@@ -793,8 +789,6 @@ class SharedInPlaceGroup(InPlaceGroup):
     which says what to do here. The world's store is served on loopback to this node's workers
     and kept in the job's store, so workers of every node meet in it.
     """
-
-    evicts = False  # a silent peer may be on another node: only its agent knows it died
 
     def __init__(
         self,

@@ -46,6 +46,7 @@ from aioelastic.agent._generations import (
     NodeJoined,
     NodeLost,
     NodeSpec,
+    OwnError,
     Phase,
     Place,
     Ready,
@@ -53,6 +54,8 @@ from aioelastic.agent._generations import (
     Stop,
     Tick,
     TimedOut,
+    Troubled,
+    VerdictDue,
     WorkerKey,
     decode_entry,
     encode_entry,
@@ -69,6 +72,10 @@ class SimulatedWorker:
     asked: bool = False
     places: list[Place] = field(default_factory=list)
     ended: set[int] = field(default_factory=set)
+    troubled: set[int] = field(default_factory=set)
+    """Generations in which it asked whether its world ended (an exception in ``with``)."""
+    own_error: set[int] = field(default_factory=set)
+    """Generations in which it was told its error is its own."""
 
     @property
     def place(self) -> Place | None:
@@ -164,6 +171,21 @@ class WorldSimulation:
             self._send(NodeLost(node))  # as a joining agent does: an earlier life of it is gone
         self.specs[node] = spec
         self._send(NodeJoined(node, spec))
+
+    def trouble(self, key: WorkerKey) -> None:
+        """An exception leaves ``key``'s ``with world:``: it asks whether its world ended."""
+        place = self.running[key].place
+        if place is None:
+            raise ValueError(f"worker {key} is in no world")
+        self.running[key].troubled.add(place.generation)
+        self._send(Troubled(key, place.generation))
+
+    def verdict_due(self, key: WorkerKey, *, final: bool = True) -> None:
+        """``key``'s agent waited long enough for the world it asked about to end."""
+        troubled = self.running[key].troubled
+        if not troubled:
+            raise ValueError(f"worker {key} never asked whether its world ended")
+        self._send(VerdictDue(key, max(troubled), final))
 
     def stuck(
         self, key: WorkerKey, cause: EvictCause = EvictCause.DID_NOT_LEAVE, detail: str = ""
@@ -288,7 +310,14 @@ class WorldSimulation:
                     worker = self.running.pop(command.worker, None)
                     if worker is None:
                         raise ProtocolViolation(f"{command} names a worker that is not running")
+                    if command.cause is EvictCause.HUNG and command.generation in worker.troubled:
+                        raise ProtocolViolation(f"{command} evicts a worker that asked")
                     self.exited[command.worker] = -9
+                case OwnError():
+                    worker = self.running.get(command.worker)
+                    if worker is None or command.generation not in worker.troubled:
+                        raise ProtocolViolation(f"{command} to a worker that did not ask")
+                    worker.own_error.add(command.generation)
                 case Stop():
                     pass
                 case FallBack():

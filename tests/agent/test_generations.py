@@ -26,11 +26,14 @@ from aioelastic.agent._generations import (
     NodeJoined,
     NodeLost,
     NodeSpec,
+    OwnError,
     Phase,
     Ready,
     Spawn,
     Tick,
     TimedOut,
+    Troubled,
+    VerdictDue,
     WorkerKey,
     decode_entry,
     encode_entry,
@@ -247,6 +250,73 @@ def test_a_report_of_an_older_world_does_not_take_out_a_survivor_of_a_newer_one(
     assert commands == []
 
 
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_a_silent_member_while_most_collectives_failed_is_evicted_as_hung(replicas: int) -> None:
+    """Ranks 0 and 1 of 3 nodes ask (their collectives timed out), rank 2 says nothing: at the
+    first look it is evicted, on every replica alike, and its node's spare takes the slot."""
+    sim = formed({n: NodeSpec(1, spares=1) for n in range(3)}, replicas=replicas)
+    hung = sim.member(2)
+    for rank in (0, 1):
+        sim.trouble(sim.member(rank))
+    sim.verdict_due(sim.member(0), final=False)
+    assert [c for c in sim.commands if isinstance(c, Evict)] == [
+        Evict(
+            hung,
+            1,
+            EvictCause.HUNG,
+            "2 of 3 ranks' collectives failed in generation 1 while it answered nothing: "
+            "taken for hung",
+        )
+    ]
+    generation = sim.machine.generation
+    assert generation is not None
+    assert generation.reason == "rank(s) 2 taken for hung"
+    assert generation.members[2].node == hung.node != generation.members[2].serial
+    assert not [c for c in sim.commands if isinstance(c, OwnError)]
+    sim.enter_all()
+    assert sim.machine.phase is Phase.RUNNING
+
+
+def test_a_minority_that_asks_is_told_at_the_final_verdict_that_the_error_is_its_own() -> None:
+    """Rank 1 of 3 asks: the early look evicts nobody; the final verdict says "own error"."""
+    sim = formed({0: NodeSpec(3)})
+    asker = sim.member(1)
+    sim.trouble(asker)
+    sim.verdict_due(asker, final=False)
+    assert not [c for c in sim.commands if isinstance(c, OwnError | Evict)]
+    sim.verdict_due(asker)
+    assert [c for c in sim.commands if isinstance(c, OwnError)] == [OwnError(asker, 1)]
+    sim.verdict_due(asker)
+    assert len([c for c in sim.commands if isinstance(c, OwnError)]) == 1  # once
+
+
+def test_a_member_told_its_error_is_its_own_is_never_taken_for_hung() -> None:
+    """Rank 1 was told its error is its own (it is failing); ranks 0 and 2 then ask: rank 1 is
+    not evicted for saying nothing more, and the machine says a condemned peer still runs."""
+    sim = formed({0: NodeSpec(3)})
+    sim.trouble(sim.member(1))
+    sim.verdict_due(sim.member(1))
+    assert sim.machine.condemned_alive(sim.member(0))
+    assert not sim.machine.condemned_alive(sim.member(1))
+    for rank in (0, 2):
+        sim.trouble(sim.member(rank))
+    sim.verdict_due(sim.member(0), final=False)
+    assert not [c for c in sim.commands if isinstance(c, Evict)]
+    sim.fail(sim.member(1))  # its exit ends the world: the others' questions are answered
+    assert sim.machine.generation is not None
+    assert sim.machine.generation.number == 2
+    assert not sim.machine.condemned_alive(sim.member(0))
+
+
+def test_a_question_about_an_ended_world_gets_no_verdict() -> None:
+    """A member that asked about generation 1 after it ended is answered by the end alone."""
+    sim = formed({0: NodeSpec(3)})
+    asker = sim.member(0)
+    sim.fail(sim.member(2))
+    assert sim.machine.send(Troubled(asker, 1), 0.0) == []
+    assert sim.machine.send(VerdictDue(asker, 1, True), 0.0) == []
+
+
 def test_a_generation_that_does_not_form_in_time_falls_back_naming_who() -> None:
     """A replacement that never asks for a world: after the timeout, a full restart."""
     sim = formed({0: NodeSpec(2)}, recovery_timeout=10.0)
@@ -349,6 +419,22 @@ class RandomWorld(RuleBasedStateMachine):
     def stuck(self, data: st.DataObject, cause: EvictCause) -> None:
         told = sorted(k for k, w in self.sim.running.items() if w.ended)
         self.sim.stuck(data.draw(st.sampled_from(told)), cause)
+
+    @precondition(lambda self: self.live() and self.in_a_world())
+    @rule(data=st.data())
+    def trouble(self, data: st.DataObject) -> None:
+        self.sim.trouble(data.draw(st.sampled_from(self.in_a_world())))
+
+    @precondition(lambda self: self.live() and self.askers())
+    @rule(data=st.data(), final=st.booleans())
+    def verdict(self, data: st.DataObject, final: bool) -> None:
+        self.sim.verdict_due(data.draw(st.sampled_from(self.askers())), final=final)
+
+    def in_a_world(self) -> list[WorkerKey]:
+        return sorted(k for k, w in self.sim.running.items() if w.place is not None)
+
+    def askers(self) -> list[WorkerKey]:
+        return sorted(k for k, w in self.sim.running.items() if w.troubled)
 
     @rule(seconds=st.sampled_from([0.5, 4.0, 11.0]))
     def time_passes(self, seconds: float) -> None:
@@ -493,6 +579,15 @@ EVENTS = st.one_of(
         NodeJoined, st.integers(0), st.builds(NodeSpec, st.integers(1, 8), st.integers(0, 2))
     ),
     st.builds(TimedOut, st.integers(1)),
+    st.builds(
+        Troubled, st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99)), st.integers(1)
+    ),
+    st.builds(
+        VerdictDue,
+        st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99)),
+        st.integers(1),
+        st.booleans(),
+    ),
     st.builds(
         LeaveDue,
         st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99)),

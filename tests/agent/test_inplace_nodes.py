@@ -262,6 +262,45 @@ async def test_gloo_survivors_of_a_lost_node_train_on_in_a_smaller_world() -> No
         assert "restarting" not in run.err.text
 
 
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+async def test_a_hung_peer_on_another_node_is_evicted_and_the_others_train_on(
+    tmp_path: Path,
+) -> None:
+    """Three gloo workers on three nodes; rank 2 hangs (SIGSTOP: its agent lives on, so no node
+    is lost). The others' collectives time out (the world's timeout, 10 s: also what their next
+    process group waits for the replacement to start and import torch), both ask, and the
+    generation log's verdict takes the silent rank for hung on every node alike: its node kills
+    it and starts a replacement, and the survivors go on in their processes, with no restart
+    (before, each waited --recovery-timeout, was told its error was its own, and failed)."""
+    port = free_port()
+    async with launched("--port", str(port), command="store-server") as store:
+        await store.out.wait_for("listening")
+        rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        argv = [
+            "--nnodes", "3", "--nproc-per-node", "1", *rdzv, "--rdzv-id", "hung-nodes",
+            "--rdzv-conf", CONF, "--recovery", "in-place", "--recovery-timeout", "20",
+            TORCH_WORKER, "--steps", "12", "--stop-at", "3", "--marker", str(tmp_path / "m"),
+        ]  # fmt: skip
+        with anyio.fail_after(BOUND * 3):
+            async with agent(*argv) as a, agent(*argv) as b, agent(*argv) as c:
+                statuses = [await a.wait(), await b.wait(), await c.wait()]
+    assert statuses == [0, 0, 0], (a, b, c)
+    text = a.out.text + b.out.text + c.out.text
+    errors = a.err.text + b.err.text + c.err.text
+    first, second = members(text, 1), members(text, 2)
+    assert re.search(
+        rf"evicted rank 2 \(pid {first[2]}\): 2 of 3 ranks' collectives failed in generation 1",
+        errors,
+    ), errors
+    assert [second[r] for r in (0, 1)] == [first[r] for r in (0, 1)]
+    assert second[2] != first[2]
+    assert "restarting the worker group" not in errors
+    assert "failed: exit code" not in errors  # nobody was told its error was its own
+    steps = check_every_sum(text)
+    assert steps[2] > 0
+
+
 async def test_a_worker_failure_on_one_node_moves_every_node_to_the_next_generation(
     rendezvous: list[str], tmp_path: Path
 ) -> None:
