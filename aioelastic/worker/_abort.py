@@ -17,6 +17,9 @@ what works on the world's backend, then answers what it did:
   can make a new process group at once. The connections are the TCP sockets this process
   opened since it entered the world (the process group's; the world's store connection is
   kept); listening sockets are left alone (gloo's listener dies if shut down).
+* **no process group yet** (the main thread may be in ``init_process_group``, waiting in the
+  world's store for a peer that will never come): the world's store connection is shut down,
+  so that wait raises, and the world forgets that connection (the next world opens another).
 * **any other backend**, or ``AIOELASTIC_WORKER_ABORT=0``: the answer is "unavailable"
   and the agent restarts this worker if it does not leave in time.
 
@@ -36,7 +39,7 @@ import select
 import socket
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 logger = logging.getLogger("aioelastic.worker")
@@ -190,6 +193,16 @@ def tcp_sockets() -> list[TcpSocket]:
     return found
 
 
+def connections_to(addresses: Iterable[tuple[str, int]]) -> dict[int, int]:
+    """This process's established TCP connections (inode -> fd) to one of ``addresses``."""
+    mine, wanted = socket_inodes(), set(addresses)
+    return {
+        s.inode: mine[s.inode]
+        for s in tcp_sockets()
+        if s.established and s.inode in mine and s.remote in wanted
+    }
+
+
 def connections_to_close(
     opened_before: Iterable[int], keep: Iterable[tuple[str, int]]
 ) -> dict[int, int]:
@@ -235,14 +248,24 @@ def shut_down(connections: dict[int, int]) -> int:
 
 
 def abort_collectives(
-    opened_before: Iterable[int], keep: Iterable[tuple[str, int]]
+    opened_before: Iterable[int],
+    keep: Iterable[tuple[str, int]],
+    forget_store: Callable[[], None] | None = None,
 ) -> tuple[AbortOutcome, str]:
-    """Make the default process group's pending collectives fail, as its backend allows."""
+    """Make the default process group's pending collectives fail, as its backend allows
+    (without one, the world's store connection ``keep``, then ``forget_store()``)."""
     if os.environ.get(ABORT_SWITCH_ENV, "1") == "0":
         return AbortOutcome.UNAVAILABLE, f"turned off ({ABORT_SWITCH_ENV}=0)"
     dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
+    if dist is None or not dist.is_available():
         return AbortOutcome.NOTHING, "no process group"
+    if not dist.is_initialized():
+        count = shut_down(connections_to(keep))
+        if not count:
+            return AbortOutcome.NOTHING, "no process group"
+        if forget_store is not None:
+            forget_store()
+        return AbortOutcome.ABORTED, f"no process group yet: shut down {count} store connection(s)"
     backend = str(dist.get_backend())
     done = []
     if "gloo" in backend:
@@ -302,10 +325,17 @@ def resolve(host: str, port: int) -> set[tuple[str, int]]:
 class AbortWatch:
     """A thread that, while a world lasts, aborts its collectives when the agent asks."""
 
-    def __init__(self, channel: _Channel, generation: int, keep: tuple[str, int] | None) -> None:
+    def __init__(
+        self,
+        channel: _Channel,
+        generation: int,
+        keep: tuple[str, int] | None,
+        forget_store: Callable[[], None] | None = None,
+    ) -> None:
         self._channel = channel
         self._generation = generation
         self._keep = keep
+        self._forget_store = forget_store
         self._before = frozenset(socket_inodes())
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(
@@ -314,15 +344,21 @@ class AbortWatch:
         self._thread.start()
 
     @classmethod
-    def start(cls, generation: int, store: dict[str, object]) -> AbortWatch | None:
-        """Watch world ``generation`` (its store described by ``store``), if this process has
-        an abort socket."""
+    def start(
+        cls,
+        generation: int,
+        store: dict[str, object],
+        forget_store: Callable[[], None] | None = None,
+    ) -> AbortWatch | None:
+        """Watch world ``generation`` (its store described by ``store``; ``forget_store()``
+        drops the process's connection to it once shut down), if this process has an abort
+        socket."""
         channel = _channel()
         if channel is None:
             return None
         host, port = store.get("host"), store.get("port")
         keep = (str(host), int(str(port))) if host is not None and port is not None else None
-        return cls(channel, generation, keep)
+        return cls(channel, generation, keep, forget_store)
 
     def stop(self) -> None:
         """Stop the thread and wait for it (an abort under way finishes first)."""
@@ -365,7 +401,7 @@ class AbortWatch:
         else:
             keep = set() if self._keep is None else resolve(*self._keep)
             try:
-                outcome, detail = abort_collectives(self._before, keep)
+                outcome, detail = abort_collectives(self._before, keep, self._forget_store)
             except Exception as exc:  # report, never die silently: the agent falls back
                 outcome, detail = AbortOutcome.UNAVAILABLE, f"abort failed: {exc!r}"
         logger.info("generation %d: abort %s (%s)", generation, outcome.value, detail)

@@ -140,9 +140,14 @@ class World:
 
     def __enter__(self) -> World:
         if self._link is not None:
-            self._abort = AbortWatch.start(self.generation, self._store_spec)
+            self._abort = AbortWatch.start(self.generation, self._store_spec, self._forget_store)
             self._link.send(Enter(self.generation))
         return self
+
+    def _forget_store(self) -> None:
+        """The abort shut down the store connection (see _abort.py): the next world opens one."""
+        spec = self._store_spec
+        _TORCH_CLIENTS.pop((str(spec.get("host")), int(spec.get("port") or 0)), None)
 
     def __exit__(
         self,

@@ -33,7 +33,7 @@ from aioelastic.worker._abort import (
     encode_abort,
     parse_proc_net_tcp,
 )
-from tests.agent.conftest import BOUND, free_port
+from tests.agent.conftest import BOUND, free_port, launched
 
 PROBE = str(Path(__file__).parent / "workers" / "abort_probe.py")
 
@@ -98,21 +98,33 @@ def test_proc_net_tcp_rows_give_each_sockets_ends_and_state() -> None:
 
 
 @asynccontextmanager
-async def two_ranks(env: dict[str, str]) -> AsyncIterator[tuple[anyio.abc.Process, socket.socket]]:
+async def two_ranks(
+    env: dict[str, str], where: str = "collective"
+) -> AsyncIterator[tuple[anyio.abc.Process, socket.socket]]:
     """The probe's two ranks; yields rank 0 (its stdout a pipe) and the agent's end of its
     abort socket. Rank 1 (stopped) and rank 0 are killed on the way out."""
     port = free_port()
+    async with launched("--port", str(port), command="store-server") as store:
+        await store.out.wait_for("listening")
+        async with _ranks(port, env, where) as ranks:
+            yield ranks
+
+
+@asynccontextmanager
+async def _ranks(
+    port: int, env: dict[str, str], where: str
+) -> AsyncIterator[tuple[anyio.abc.Process, socket.socket]]:
     ours, theirs = socket.socketpair()
     env = {**os.environ, **env, ABORT_FD_ENV: str(theirs.fileno())}
     rank0 = await anyio.open_process(
-        [sys.executable, PROBE, "0", str(port)],
+        [sys.executable, PROBE, "0", str(port), where],
         env=env,
         pass_fds=(theirs.fileno(),),
         stderr=subprocess.STDOUT,
     )
     theirs.close()
     rank1 = await anyio.open_process(
-        [sys.executable, PROBE, "1", str(port)], stdout=None, stderr=None
+        [sys.executable, PROBE, "1", str(port), where], stdout=None, stderr=None
     )
     try:
         async with rank0, rank1:
@@ -161,6 +173,29 @@ async def test_an_abort_gets_gloo_out_of_a_collective_whose_peer_never_answers()
     assert "left on RuntimeError" in text
     assert "Connection closed by peer" in text
     assert "all_reduce returned" not in text
+    assert "store forgotten: False" in text
+    assert "world of one: sum 1" in text
+
+
+@pytest.mark.torch
+@needs_torch
+@pytest.mark.anyio
+async def test_an_abort_gets_a_worker_out_of_init_waiting_for_a_peer_that_never_comes() -> None:
+    """Rank 1 never makes its process group: rank 0 waits in init_process_group (in the store,
+    for rank 1's address). Without a process group yet, the abort shuts down the world's store
+    connection: the wait raises, the world is told to forget that connection, and the process
+    makes a world of one over another connection."""
+    seen = bytearray()
+    with anyio.fail_after(BOUND):
+        async with two_ranks({}, "init") as (rank0, sock):
+            await read_until(rank0, "blocking pid", seen)
+            reply = await ask_abort(sock, 1)
+            text = await read_until(rank0, "world of one", seen)
+    assert reply == AbortReply(
+        1, AbortOutcome.ABORTED, "no process group yet: shut down 1 store connection(s)"
+    )
+    assert "left on" in text
+    assert "store forgotten: True" in text
     assert "world of one: sum 1" in text
 
 
