@@ -207,6 +207,8 @@ class NodeLost:
     """A node is gone with all its workers (its agent died, or the rendezvous lost it)."""
 
     node: int
+    left: bool = False
+    """Its agent said so itself as it stopped (a clean leave: no heartbeat to wait out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -623,7 +625,7 @@ class GenerationMachine:
             case Exited():
                 return self._exited(self._known(event, event.worker), event.returncode, now)
             case NodeLost():
-                return self._node_lost(event.node, now)
+                return self._node_lost(event.node, now, "left" if event.left else "was lost")
             case NodeJoined():
                 return self._node_joined(event, now)
             case Tick():
@@ -837,7 +839,7 @@ class GenerationMachine:
             return [evict, *self._fall_back(f"{why}: {self.failures} failures in place (a storm)")]
         return [evict, *self._member_gone(now, why)]
 
-    def _node_lost(self, node: int, now: float) -> list[Command]:
+    def _node_lost(self, node: int, now: float, how: str = "was lost") -> list[Command]:
         state = self._nodes.pop(node, None)
         if state is None:
             return []  # a node never in the job (a joining agent says so before it joins)
@@ -851,7 +853,7 @@ class GenerationMachine:
             return []  # a joining node that was never admitted
         if self._finishing():
             return self._fall_back(f"node {node} was lost after other ranks had finished")
-        return self._member_gone(now, f"node {node} was lost")
+        return self._member_gone(now, f"node {node} {how}")
 
     def _node_joined(self, event: NodeJoined, now: float) -> list[Command]:
         if event.node in self._nodes:
@@ -1138,8 +1140,8 @@ def encode_entry(entry: LogEntry) -> bytes:
             body = {"entered": [w.node, w.serial, number]}
         case Exited(worker=w, returncode=code):
             body = {"exited": [w.node, w.serial, code]}
-        case NodeLost(node=node):
-            body = {"lost": node}
+        case NodeLost(node=node, left=left):
+            body = {"left": node} if left else {"lost": node}
         case NodeJoined(node=node, spec=spec):
             body = {"joined": [node, spec.local_world_size, spec.spares]}
         case TimedOut(generation=number):
@@ -1176,6 +1178,8 @@ def decode_entry(raw: bytes) -> LogEntry:
                 event = Exited(WorkerKey(int(value[0]), int(value[1])), int(value[2]))
             case "lost":
                 event = NodeLost(int(value))
+            case "left":
+                event = NodeLost(int(value), left=True)
             case "joined":
                 event = NodeJoined(int(value[0]), NodeSpec(int(value[1]), int(value[2])))
             case "timeout":

@@ -708,6 +708,10 @@ class InPlaceGroup(WorkerGroup):
 INPLACE_RECORD_PREFIX = "aioelastic/agent/inplace/"
 """In a round's store, where each group rank's :class:`NodeRecord` goes."""
 
+LEAVE_NOTICE_TIMEOUT = 2.0
+"""How long a node stopped by a signal may spend logging that it leaves (then it stops its
+workers anyway: the others find it gone by its heartbeat)."""
+
 LOG_RETRY_PAUSE = 0.5
 """After a failed store call on the generation log, the pause before trying again (the
 rendezvous fences this node if its store stays away)."""
@@ -844,6 +848,7 @@ class SharedInPlaceGroup(InPlaceGroup):
         if self._plan.action not in ("begin", "join"):
             raise AssertionError(f"a new group cannot {self._plan.action} an epoch")
         self.running = True
+        self._shutdown = shutdown
         handler = self.spec.rdzv_handler
         stop_hearing = (
             handler.subscribe(self._on_rendezvous_event)
@@ -856,6 +861,31 @@ class SharedInPlaceGroup(InPlaceGroup):
             self.running = False
             if stop_hearing is not None:
                 stop_hearing()
+
+    async def _stop(self, reason: str, signum: int, kill_now: anyio.Event) -> None:
+        """A node stopped by a signal leaves the world cleanly: it logs its own loss before
+        its workers stop, so the others make their smaller world at once instead of after a
+        heartbeat timeout (and never take its workers' deaths for their own errors)."""
+        if self._shutdown() is not None and self.live and not self._replaying:
+            with anyio.move_on_after(LEAVE_NOTICE_TIMEOUT):
+                await self._append_now(g.NodeLost(self.node, left=True))
+        await super()._stop(reason, signum, kill_now)
+
+    async def _append_now(self, event: g.Event) -> None:
+        """Append ``event`` at once, past whatever is queued (the appender task may be gone)."""
+        raw = g.encode_entry(g.LogEntry(event, self._token, self._serial))
+        self._serial += 1
+        index = max(self._next, self._append_at)
+        while True:
+            try:
+                stored = await self._log.compare_set(str(index), b"", raw)
+            except StoreError as exc:
+                logger.info("could not log this node's leaving: %s", exc)
+                return
+            index += 1
+            if stored == raw:
+                self._append_at = index
+                return
 
     def _on_rendezvous_event(self, event: RendezvousEvent) -> None:
         """The node that finds its ring successor's heartbeat gone logs it lost at once: the

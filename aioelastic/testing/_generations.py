@@ -150,13 +150,13 @@ class WorldSimulation:
         self.exited[key] = returncode
         self._send(Exited(key, returncode))
 
-    def lose_node(self, node: int) -> None:
-        """``node``'s agent dies: its workers die with it."""
+    def lose_node(self, node: int, *, left: bool = False) -> None:
+        """``node``'s agent dies (``left``: it stops and says so): its workers die with it."""
         for key in [k for k in self.running if k.node == node]:
             del self.running[key]
             self.exited[key] = -9
         self.specs.pop(node, None)
-        self._send(NodeLost(node))
+        self._send(NodeLost(node, left=left))
 
     def join_node(self, node: int, spec: NodeSpec) -> None:
         """A new node's agent joins the job (replicated: it replays the log first)."""

@@ -250,6 +250,18 @@ def test_a_report_of_an_older_world_does_not_take_out_a_survivor_of_a_newer_one(
     assert commands == []
 
 
+def test_a_node_that_says_it_leaves_is_gone_at_once_with_that_reason() -> None:
+    """A node's agent logs its own leaving: the next generation is made without it, saying so
+    (on every replica alike)."""
+    sim = formed({0: NodeSpec(1), 1: NodeSpec(1), 2: NodeSpec(1)}, replicas=3)
+    sim.lose_node(2, left=True)
+    generation = sim.machine.generation
+    assert generation is not None
+    assert (generation.number, generation.world_size, generation.reason) == (2, 2, "node 2 left")
+    ends = [c for c in sim.commands if isinstance(c, EndWorld)]
+    assert ends[-1].abort
+
+
 @pytest.mark.parametrize("replicas", [1, 3])
 def test_a_silent_member_while_most_collectives_failed_is_evicted_as_hung(replicas: int) -> None:
     """Ranks 0 and 1 of 3 nodes ask (their collectives timed out), rank 2 says nothing: at the
@@ -574,7 +586,7 @@ EVENTS = st.one_of(
     st.builds(Ready, st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99))),
     st.builds(Entered, st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99)), st.integers(1)),
     st.builds(Exited, st.builds(WorkerKey, st.integers(0, 9), st.integers(0, 99)), st.integers()),
-    st.builds(NodeLost, st.integers(0, 2**40)),
+    st.builds(NodeLost, st.integers(0, 2**40), st.booleans()),
     st.builds(
         NodeJoined, st.integers(0), st.builds(NodeSpec, st.integers(1, 8), st.integers(0, 2))
     ),

@@ -165,6 +165,34 @@ async def test_a_node_lost_leaves_the_others_training_in_a_smaller_world(
         assert next_round == -1 or smaller.start() < next_round, run.err.text
 
 
+async def test_a_node_stopped_by_sigterm_leaves_the_world_at_once(
+    rendezvous: list[str], tmp_path: Path
+) -> None:
+    """One of three agents gets SIGTERM: it logs its own leaving before its worker stops, so
+    the others' world of 2 says "node N left" (not "was lost", which would mean they waited
+    out its heartbeat), in their own processes."""
+    finish = tmp_path / "finish"
+    argv = job_argv(rendezvous, finish)
+    with anyio.fail_after(BOUND * 2):
+        async with agent(*argv) as a, agent(*argv) as b, agent(*argv) as c:
+            for run in (a, b, c):
+                await run.out.wait_for("size 3")
+            before = sized(a.out.text + b.out.text + c.out.text, 3)
+            c.send_signal(signal.SIGTERM)
+            for run in (a, b):
+                await run.out.wait_for("size 2")
+            finish.touch()
+            statuses = [await a.wait(), await b.wait(), await c.wait()]
+    assert statuses[:2] == [0, 0], (a, b)
+    assert statuses[2] == 128 + signal.SIGTERM, c
+    after = sized(a.out.text + b.out.text, 2)
+    assert set(after.values()) < set(before.values())
+    for run in (a, b):
+        assert re.search(r"generation \d+: world size 2 \(node \d+ left\)", run.err.text), run
+        assert "was lost" not in run.err.text
+        assert "restarting" not in run.err.text
+
+
 async def test_a_node_joining_scales_up_in_place(rendezvous: list[str], tmp_path: Path) -> None:
     """A third agent joins a running 2-node job: the job goes on as a world of 3 with the first
     two nodes' workers in their processes, and the newcomer's worker fresh."""
