@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import sys
@@ -75,7 +76,11 @@ def run(args: argparse.Namespace) -> int:
             key=args.key,
             require_auth=args.require_auth,
         )
-        anyio.run(serve, args.host, args.port, credentials)
+        # On uvloop when installed, as ``aioelastic run``: half the CPU per request.
+        use_uvloop = importlib.util.find_spec("uvloop") is not None
+        anyio.run(
+            serve, args.host, args.port, credentials, backend_options={"use_uvloop": use_uvloop}
+        )
     except ValueError as error:  # unusable token or TLS files, or require_auth without either
         print(f"aioelastic store-server: {error}", file=sys.stderr)
         return 2
