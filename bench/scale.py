@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import itertools
 import json
 import logging
@@ -65,6 +66,7 @@ SIZES = {
     "etcd": (100, 1000),
     "etcd-shared": (100, 1000),
 }
+HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
 QUICK = {"memory": (100, 1000), "tcp": (100, 1000), "etcd": (100,), "etcd-shared": (100,)}
 TARGETS = {("memory", 10000): 5.0, ("memory", 32000): 20.0, ("tcp", 1000): 1.5}  # issue 18
 LAST_CALL = 1.0  # seconds; subtracted from loss -> next round
@@ -392,7 +394,8 @@ def tcp_point(nodes: int) -> Point:
 
                 return await simulate("tcp", nodes, view, admin, lambda: proc_cpu(server.pid))
 
-        return anyio.run(run)
+        # The nodes' clients on uvloop when installed, as each agent's (``aioelastic run``).
+        return anyio.run(run, backend_options={"use_uvloop": HAVE_UVLOOP})
     finally:
         server.terminate()
         server.wait(timeout=30)
