@@ -458,6 +458,28 @@ def decode_request_fields(body: bytes) -> tuple[Op, int, list[Field]]:
     return _decode(body, _REQUEST_KINDS, "operation")
 
 
+R = TypeVar("R")
+
+
+def request_reader(classes: dict[Op, Callable[..., R]]) -> Callable[[bytes], R]:
+    """``read(body) -> classes[op](request_id, *fields)``: :func:`decode_request_fields` and
+    the construction in one step (the server's per-request path: no tuple in between), with
+    the same errors for a bad frame."""
+    table = {op.value: (build, _REQUEST_CODECS[op].decode) for op, build in classes.items()}
+    header = _BODY_HEADER.unpack_from
+
+    def read(body: bytes) -> R:
+        try:
+            code, request_id = header(body)
+            build, decode = table[code]
+            return build(request_id, *decode(body))
+        except _SLOW_PATH:
+            op, request_id, fields = _decode_slowly(body, _REQUEST_KINDS, "operation")
+            return classes[op](request_id, *fields)
+
+    return read
+
+
 def decode_reply(body: bytes) -> Reply:
     """Decode a reply frame body (without its length prefix)."""
     status, request_id, fields = _decode(body, _REPLY_KINDS, "reply status")

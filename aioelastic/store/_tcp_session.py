@@ -230,6 +230,7 @@ class Session:
         self.counts = SessionCounts()
         self.pending = b""  # handshake bytes not yet answered
         self.reader = FrameReader(policy.max_frame_size)
+        self.limit = policy.max_frame_size
         self.client_nonce = self.server_nonce = b""
         self.parked: list[WaitRequest] = []
         """Waits to hold, taken by the shell."""
@@ -447,7 +448,10 @@ class Session:
             if result is PARK:
                 assert isinstance(request, Get | MultiGet | Wait | WaitForChange)
                 return self._park(request)
-            return self._fit(request, handler.reply(request_id, result))
+            reply = handler.reply(request_id, result)
+            if len(reply) - 4 <= self.limit:
+                return reply
+            return self._fit(request, reply)
         except StoreValueError as error:
             return encode_reply(Status.VALUE_ERROR, request_id, str(error))
         except StoreClosedError as error:
