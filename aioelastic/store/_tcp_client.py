@@ -381,7 +381,8 @@ class TCPStore(Store):
                 # Marked before sending: the reply may be routed before send() returns.
                 call.sent_on = connection
                 try:
-                    await connection.send(frame)
+                    if not connection.send_nowait(frame):
+                        await connection.send(frame)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                     # Unless the supervisor already re-sent or failed it, leave it unsent: the
                     # supervisor sends it once reconnected.
@@ -398,6 +399,7 @@ class TCPStore(Store):
             raise
         finally:
             del self._calls[request_id]
+            call.signal.forget()
         if call.error is not None:
             raise call.error
         if call.reply is None:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import math
 import ssl
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any, Protocol, cast
 
@@ -328,6 +328,11 @@ class ClientConnection(abc.ABC):
     async def send(self, data: bytes) -> None:
         """Send whole frames (a cancelled caller never leaves half a frame behind)."""
 
+    def send_nowait(self, data: bytes) -> bool:
+        """Send whole frames now if this connection can without waiting (raising as
+        :meth:`send` does); False if it cannot, and the caller awaits :meth:`send`."""
+        return False
+
     @abc.abstractmethod
     async def handshake_frame(self) -> bytes:
         """Wait for the next frame of the handshake (before ``dispatch`` is set)."""
@@ -377,9 +382,13 @@ class ClientProtocol(ClientConnection, asyncio.Protocol):
         self.lost.set()
 
     async def send(self, data: bytes) -> None:
+        self.send_nowait(data)
+
+    def send_nowait(self, data: bytes) -> bool:
         if self.transport.is_closing():
             raise anyio.BrokenResourceError
-        self.transport.write(data)
+        self.transport.write(data)  # never blocks: the transport buffers what the socket won't
+        return True
 
     async def handshake_frame(self) -> bytes:
         while not self.early:
@@ -448,8 +457,13 @@ class Signal(abc.ABC):
         """Wake the caller (idempotent)."""
 
     @abc.abstractmethod
-    async def wait(self, deadline: float) -> None:
-        """Return once set, or at ``deadline`` on the event loop's clock."""
+    def wait(self, deadline: float) -> Awaitable[None]:
+        """An awaitable that returns once set, or at ``deadline`` on the event loop's clock
+        (awaited once; :meth:`forget` follows, however it ended)."""
+
+    @abc.abstractmethod
+    def forget(self) -> None:
+        """The call is over: drop what :meth:`wait` registered."""
 
 
 class Alarm:
@@ -505,13 +519,12 @@ class FutureSignal(Signal):
         if not self.future.done():
             self.future.set_result(None)
 
-    async def wait(self, deadline: float) -> None:
-        waiting = self.alarm.waiting
+    def wait(self, deadline: float) -> Awaitable[None]:
         self.alarm.add(self, deadline)
-        try:
-            await self.future
-        finally:
-            waiting.pop(self, None)
+        return self.future  # awaited by the caller itself: no coroutine frame per call
+
+    def forget(self) -> None:
+        self.alarm.waiting.pop(self, None)
 
 
 class EventSignal(Signal):
@@ -525,7 +538,13 @@ class EventSignal(Signal):
     def set(self) -> None:
         self.event.set()
 
-    async def wait(self, deadline: float) -> None:
+    def wait(self, deadline: float) -> Awaitable[None]:
+        return self._wait(deadline)
+
+    def forget(self) -> None:
+        pass  # the cancel scope of _wait went with it
+
+    async def _wait(self, deadline: float) -> None:
         with anyio.CancelScope(deadline=deadline):
             await self.event.wait()
 
