@@ -9,6 +9,9 @@ Workloads (issue 2), each run against both stores in the same run:
 * fan-out: 64 waiters parked on one key, each on its own connection; time from the ``set``
   until the last of them has its value (median of rounds);
 * memory: peak server RSS after writing 100,000 keys of 64 bytes (and the growth from idle);
+* blocking clients (with ``--hot-path``): the sequential and 16-process rows again with our
+  ``BlockingTCPStore`` against our server, beside torch's blocking C++ client and server (the
+  main table's aioelastic column is the async client, which pays an event loop's turn a call);
 * the cost of security: sequential and 16 processes again with TLS (certificates checked both
   ways, throwaway ones from ``trustme``), and the time to open a connection with no token, a
   token (its challenge-response is one more round trip) and TLS, against the plain server;
@@ -204,12 +207,22 @@ def timed(calls: int, run: Callable[[], object], server_pid: int) -> Rate:
     return stop(calls)
 
 
+def blocking_client(port: int) -> Any:
+    """Our blocking client (:class:`~aioelastic.store.BlockingTCPStore`), connected."""
+    from aioelastic.store import BlockingTCPStore
+
+    return BlockingTCPStore("127.0.0.1", port, timeout=60)
+
+
 def torch_sequential(
-    port: int, server_pid: int, ops: tuple[str, ...] = ("set", "get", "add", "compare_set")
+    port: int,
+    server_pid: int,
+    ops: tuple[str, ...] = ("set", "get", "add", "compare_set"),
+    connect: Callable[[int], Any] = torch_client,
 ) -> dict[str, Rate]:
-    """torch's client, one call at a time, for each of ``ops`` in order (``set`` writes the
-    keys that ``get`` and ``wait`` read)."""
-    s = torch_client(port)
+    """A blocking client (torch's, or ``connect``'s), one call at a time, for each of ``ops``
+    in order (``set`` writes the keys that ``get`` and ``wait`` read)."""
+    s = connect(port)
     for i in range(100):
         s.set(f"warm{i}", VALUE)
     n = SEQUENTIAL_OPS
@@ -387,8 +400,8 @@ async def ours_fill(port: int) -> None:
 def worker(kind: str, port: int, pairs: int) -> None:
     """Connect, say ready, wait for 'go' on stdin, do ``pairs`` set+get pairs, say done."""
     me = os.getpid()
-    if kind == "torch":
-        store = torch_client(port)
+    if kind in ("torch", "ours-blocking"):
+        store = torch_client(port) if kind == "torch" else blocking_client(port)
         print("ready", flush=True)
         sys.stdin.readline()
         cpu = time.process_time()
@@ -653,12 +666,37 @@ def main() -> None:
         unit = next(u for prefix, u in UNITS.items() if name.startswith(prefix))
         print(Row(name, unit, value, theirs.get(name)).render())
     if args.hot_path:
+        print()
+        print_blocking(theirs)
         return
     print()
     print_security()
     if not args.no_torch:
         print()
         print_torch_protocol()
+
+
+def measure_blocking() -> dict[str, float]:
+    """The hot-path rows with our blocking client (BlockingTCPStore) against our server."""
+    figures: dict[str, float] = {}
+    with server("ours") as (port, pid):
+        for op, rate in torch_sequential(port, pid, connect=blocking_client).items():
+            figures[f"sequential {op}"] = rate.per_second
+            figures[f"  client CPU per {op}"] = rate.client_us
+            figures[f"  server CPU per {op}"] = rate.server_us
+    with server("ours") as (port, pid):
+        figures.update(many_processes("ours-blocking", port, pid))
+    return figures
+
+
+def print_blocking(theirs: dict[str, float]) -> None:
+    """Like with like: blocking clients on both sides (torch's C++ client is blocking)."""
+    ours = measure_blocking()
+    print("Blocking clients: aioelastic's BlockingTCPStore and server vs torch's client and server")
+    print(f"{'workload':<34} {'unit':<7} {'aioelastic':>12} {'torch':>12} {'ratio':>7}")
+    for name, value in ours.items():
+        unit = next(u for prefix, u in UNITS.items() if name.startswith(prefix))
+        print(Row(name, unit, value, theirs.get(name)).render())
 
 
 def print_security() -> None:
