@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import threading
 from collections import deque
 
 import anyio
@@ -36,6 +37,7 @@ class Link:
         sock.setblocking(False)
         self._sock = sock
         self._decoder = LineDecoder()
+        self._polling = threading.Lock()
         self.assigned: deque[WorldAssigned] = deque()
         self.ended: dict[int, str] = {}
         self.valid: set[int] = set()
@@ -79,18 +81,20 @@ class Link:
             data = data[sent:]
 
     def poll(self) -> None:
-        """Take in whatever arrived, without waiting."""
-        while True:
-            try:
-                data = self._sock.recv(65536)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                raise AgentLinkError(f"the agent is gone ({exc})") from None
-            if not data:
-                raise AgentLinkError("the agent closed the link (it is stopping or gone)")
-            for message in self._decoder.feed(data):
-                self._note(message)
+        """Take in whatever arrived, without waiting (from any thread: a world's store wait
+        in a worker's thread checks its world too)."""
+        with self._polling:
+            while True:
+                try:
+                    data = self._sock.recv(65536)
+                except BlockingIOError:
+                    return
+                except OSError as exc:
+                    raise AgentLinkError(f"the agent is gone ({exc})") from None
+                if not data:
+                    raise AgentLinkError("the agent closed the link (it is stopping or gone)")
+                for message in self._decoder.feed(data):
+                    self._note(message)
 
     def _note(self, message: Message) -> None:
         match message:
