@@ -38,6 +38,7 @@ class Link:
         self._sock = sock
         self._decoder = LineDecoder()
         self._polling = threading.Lock()
+        self._reading: anyio.Event | None = None
         self.assigned: deque[WorldAssigned] = deque()
         self.ended: dict[int, str] = {}
         self.valid: set[int] = set()
@@ -116,8 +117,20 @@ class Link:
         self.poll()
 
     async def wait_async(self) -> None:
-        await anyio.wait_readable(self._sock)
-        self.poll()
+        """Wait on the event loop until something arrives, then take it in. Any number of
+        tasks may wait: one reads the socket, the others wake when it has (the loop allows
+        one waiter per socket)."""
+        reading = self._reading
+        if reading is not None:
+            await reading.wait()
+            return
+        reading = self._reading = anyio.Event()
+        try:
+            await anyio.wait_readable(self._sock)
+            self.poll()
+        finally:
+            self._reading = None
+            reading.set()
 
     # -- what it means --------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from aioelastic.store import BlockingTCPStore, PrefixStore, TCPStore
 from aioelastic.worker._abort import AbortWatch
 from aioelastic.worker._link import AgentLinkError, Link
 from aioelastic.worker._protocol import Enter, Hello, Trouble, WorldAssigned
+from aioelastic.worker._world_store import WorldStore
 
 if TYPE_CHECKING:
     from aioelastic.store import Store
@@ -186,7 +187,10 @@ class World:
                 return self.__enter__()  # no store to open: world.store says why, if asked
             self._client = TCPStore(host, port, timeout=self.timeout.total_seconds())
             await self._client.__aenter__()
-            self._store = PrefixStore(prefix, self._client)
+            if self._link is None:
+                self._store = PrefixStore(prefix, self._client)
+            else:  # its waits end when the world does
+                self._store = WorldStore(prefix, self._client, self)
         return self.__enter__()
 
     async def __aexit__(

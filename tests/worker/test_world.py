@@ -7,6 +7,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
+import anyio
 import pytest
 from anyio.from_thread import start_blocking_portal
 
@@ -218,6 +219,43 @@ async def test_without_torch_async_with_opens_an_async_store(
         assert await server.store.get("w/gen1/ready") == b"yes"
         with pytest.raises(StoreClosedError):
             await world.store.get("ready")
+        await worlds.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_async_wait_in_a_world_that_ends_leaves_the_world(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async worker awaiting world.store.get() for a dead peer's key gets out when the world
+    ends (WorldChanged, swallowed by async with), while another task waits on the same world;
+    the server holds no wait afterwards."""
+    monkeypatch.setattr(_world, "_has_torch", lambda: False)
+    async with TCPStoreServer() as server:
+        spec = {"kind": "tcp", "host": "127.0.0.1", "port": server.port, "prefix": "w/gen1"}
+        agent.say(place(1, store=spec))
+        worlds = worker.async_worlds()
+        world = await anext(worlds)
+        changes: list[worker.WorldChanged] = []
+        async with anyio.create_task_group() as tg:
+
+            async def watcher() -> None:
+                changes.append(await world.wait_changed())
+
+            async def ender() -> None:
+                with anyio.fail_after(10):
+                    while not server.statistics().waiting_requests:  # the get is parked
+                        await anyio.wait_all_tasks_blocked()
+                agent.say(p.WorldEnded(1, "rank 1 failed"))
+
+            tg.start_soon(watcher)
+            tg.start_soon(ender)
+            async with world:
+                await world.store.get("from-the-dead-peer", timeout=60)
+        assert [change.reason for change in changes] == ["rank 1 failed"]
+        assert world.ended == "rank 1 failed"
+        with anyio.fail_after(10):
+            while server.statistics().waiting_requests:
+                await anyio.wait_all_tasks_blocked()
         await worlds.aclose()
 
 

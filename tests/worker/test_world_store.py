@@ -192,7 +192,8 @@ async def test_a_spare_claims_no_rank_until_it_is_placed(tmp_path: Path) -> None
     assert f"asking pid {spare}" not in (attempt / "0" / "stdout.log").read_text()
 
 
-async def test_a_wait_for_a_dead_peer_ends_with_its_world(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_wait_for_a_dead_peer_ends_with_its_world(mode: str, tmp_path: Path) -> None:
     """Rank 1 dies before writing its key; the others, blocked in multi_get for it (whose
     timeout, half of --recovery-timeout, is far beyond this test's bound), leave generation 1
     when it ends and meet the replacement in generation 2, in their processes."""
@@ -200,6 +201,7 @@ async def test_a_wait_for_a_dead_peer_ends_with_its_world(tmp_path: Path) -> Non
     argv = [
         "--standalone", "--recovery", "in-place", "--recovery-timeout", "1200",
         "--nproc-per-node", "3", STORE_WORKER, "--exit-when", str(finish), "--die-early", "1",
+        *(["--async"] if mode == "async" else []),
     ]  # fmt: skip
     with anyio.fail_after(BOUND * 2):
         async with agent(*argv) as run:

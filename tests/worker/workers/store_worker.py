@@ -62,6 +62,9 @@ async def run_async(options: argparse.Namespace) -> None:
         async with world:
             store = world.store
             assert isinstance(store, Store), type(store)
+            if world.generation == 1 and world.rank == options.die_early:
+                print(f"dying early pid {os.getpid()}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             await store.set(f"member/{world.rank}", str(os.getpid()))
             pids = await store.multi_get([f"member/{r}" for r in range(world.world_size)])
             report(world, pids, await store.num_keys())
