@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -82,6 +83,23 @@ RELAYED: dict[type, Callable[[Store, Any], Awaitable[object]]] = {
 
 _WAITS = (Get, MultiGet, Wait, WaitForChange)
 
+
+@dataclass(frozen=True, slots=True)
+class RelayStatistics:
+    """A snapshot of a listener's connections of our protocol (relayed to its store)."""
+
+    connections: int
+    """Connections of our protocol open now (handshake done or not)."""
+    connections_total: int
+    requests: int
+    waiting_requests: int
+    """Waits being relayed now."""
+    bad_requests: int
+    """Requests refused with ``BAD_REQUEST`` (the connection stayed open)."""
+    store_failures: int
+    """Connections hung up because the backing store failed under them."""
+
+
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
@@ -96,6 +114,11 @@ class RelaySession(Session):
         self._waits: dict[int, anyio.CancelScope] = {}
         self.failed: str | None = None
         """Why the backing store failed this connection, if it did."""
+
+    @property
+    def waiting(self) -> int:
+        """Waits being relayed now."""
+        return len(self._waits)
 
     def _answer(self, body: bytes) -> bytes | None:
         """Queue one request for :meth:`serve`; answer only what is wrong with it at once."""

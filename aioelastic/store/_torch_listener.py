@@ -25,7 +25,7 @@ from anyio.abc import SocketAttribute
 from aioelastic._service import Service
 from aioelastic.store._api import Store
 from aioelastic.store._peers import OncePerPeer
-from aioelastic.store._relay import RelaySession
+from aioelastic.store._relay import RelaySession, RelayStatistics
 from aioelastic.store._tcp_codec import DEFAULT_MAX_FRAME_SIZE
 from aioelastic.store._tcp_server import _is_loopback
 from aioelastic.store._tcp_session import SessionPolicy
@@ -68,6 +68,9 @@ class TorchStoreListener(Service):
         self.max_frame_size = max_frame_size
         self.epoch = secrets.randbits(63)
         self._unauthenticated = OncePerPeer()
+        self._relayed: set[RelaySession] = set()
+        self._relayed_total = 0
+        self._relayed_closed = [0, 0, 0]  # requests, bad requests, store failures of closed ones
         self.host = host
         self.requested_port = port
         self._port: int | None = None
@@ -103,6 +106,22 @@ class TorchStoreListener(Service):
         """Return a snapshot of the connection and request counters."""
         return self.service.statistics()
 
+    def relay_statistics(self) -> RelayStatistics:
+        """Return a snapshot of the counters of our protocol's connections (``native``)."""
+        requests, bad, failures = self._relayed_closed
+        for session in self._relayed:
+            requests += session.counts.requests
+            bad += session.counts.bad_requests
+            failures += session.failed is not None
+        return RelayStatistics(
+            connections=len(self._relayed),
+            connections_total=self._relayed_total,
+            requests=requests,
+            waiting_requests=sum(session.waiting for session in self._relayed),
+            bad_requests=bad,
+            store_failures=failures,
+        )
+
     @property
     def torch(self) -> TorchService:
         return self.service
@@ -129,11 +148,21 @@ class TorchStoreListener(Service):
 
     def opened(self, link: Link) -> None:
         """Start relaying a native connection (the torch service counts its own)."""
-        if isinstance(link.session, RelaySession):
-            self.spawn(link.session.serve, link.sender.send, link.sender.close)
+        session = link.session
+        if isinstance(session, RelaySession):
+            self._relayed.add(session)
+            self._relayed_total += 1
+            self.spawn(session.serve, link.sender.send, link.sender.close)
 
     def closed(self, link: Link) -> None:
-        """The torch service counts its connections itself."""
+        """Keep a closed native connection's counts (the torch service counts its own)."""
+        session = link.session
+        if isinstance(session, RelaySession) and session in self._relayed:
+            self._relayed.discard(session)
+            counts = self._relayed_closed
+            counts[0] += session.counts.requests
+            counts[1] += session.counts.bad_requests
+            counts[2] += session.failed is not None
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED

@@ -94,6 +94,7 @@ async def test_a_failing_backing_store_hangs_up_with_an_unknown_outcome() -> Non
                 await client.add("n", 1)
             with pytest.raises(StoreConnectionError):
                 await client.set("k", b"v")
+            assert listener.relay_statistics().store_failures >= 1
 
 
 async def test_a_new_store_is_a_new_epoch(inner: MemoryStore) -> None:
@@ -122,3 +123,23 @@ async def test_torch_and_our_clients_share_one_port_and_keyspace(inner: MemorySt
         assert await inner.get("worlds/from-torch") == b"a"
     finally:
         child.close()
+
+
+async def test_relay_statistics_count_our_connections_and_their_requests(
+    inner: MemoryStore,
+) -> None:
+    """relay_statistics() counts our protocol's connections, requests and held waits, open and
+    closed; torch's connections are the torch service's."""
+    async with TorchStoreListener(inner, native=True) as listener:
+        async with TCPStore("127.0.0.1", listener.port) as client:
+            await client.set("k", b"v")
+            assert await client.get("k") == b"v"
+            open_now = listener.relay_statistics()
+        closed = listener.relay_statistics()
+        with anyio.fail_after(10):
+            while closed.connections:  # the close reaches the listener a moment later
+                await anyio.wait_all_tasks_blocked()
+                closed = listener.relay_statistics()
+    assert (open_now.connections, open_now.connections_total, open_now.requests) == (1, 1, 2)
+    assert (closed.connections, closed.connections_total, closed.requests) == (0, 1, 2)
+    assert closed.bad_requests == closed.store_failures == closed.waiting_requests == 0
