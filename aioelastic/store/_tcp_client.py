@@ -57,6 +57,7 @@ from aioelastic.store._tcp_codec import (
     FrameTooLargeError,
     Op,
     Reply,
+    Status,
     decode_reply,
     encode_request,
     request_encoders,
@@ -412,6 +413,8 @@ class TCPStore(Store):
             raise StoreConnectionError(
                 self.endpoint, f"no reply to {op.name.lower()}({subject!r}) within {bound:g} s"
             )
+        if call.reply.status < Status.TIMEOUT:
+            return call.reply  # a result: no endpoint string to format for an error
         return check_reply(call.reply, self.endpoint)
 
     async def _replace(self, connection: ClientConnection) -> None:
