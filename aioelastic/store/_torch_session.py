@@ -10,9 +10,16 @@ order of the requests. A ``WAIT`` on a missing key is held server-side (an ``awa
 store, never a poll) until the key is set, the client sends ``CANCEL_WAIT`` (its client-side
 timeout ran out) or the connection goes away.
 
+Requests are typed (:mod:`._torch_requests`: one class per op, keys already store keys), and
+one table, :data:`HANDLERS`, says how each class is answered: at once without a store (queues,
+ping), at once from the server's own :class:`MemoryStore` (most requests, on the TCP server),
+and by awaiting any store (what :meth:`TorchSession.serve` does). While nothing is queued,
+:meth:`TorchSession.receive` answers what it can at once, in order; the first request that
+must wait, and every one after it until ``serve`` catches up, is queued.
+
 Keys: torch 2.13's client puts ``/`` in front of every key it sends (and strips it from what
-``list_keys`` returns); the session removes that one leading ``/``, so torch's ``set("k")`` is
-our ``get("k")``, and puts it back in ``LIST_KEYS`` replies.
+``list_keys`` returns); the typed requests carry the key without it, and ``LIST_KEYS``
+replies put it back.
 
 Queues (``queue_push``/``queue_pop``/``queue_len``) live in the service, apart from keys as in
 torch's own server: the torch clients of one listener share them; clients of another listener
@@ -31,11 +38,13 @@ import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.abc
 
+from aioelastic._concurrency import first_of
 from aioelastic.store._api import Store
 from aioelastic.store._errors import StoreError, StoreTimeoutError
 from aioelastic.store._memory import MemoryStore
@@ -50,7 +59,6 @@ from aioelastic.store._torch_codec import (
     WAIT_CANCELED,
     TorchDecoder,
     TorchOp,
-    TorchRequest,
     encode_i64,
     encode_keys,
     encode_queue_pop,
@@ -58,13 +66,30 @@ from aioelastic.store._torch_codec import (
     encode_value,
     encode_values,
 )
+from aioelastic.store._torch_requests import (
+    BUILDERS,
+    AnyTorchRequest,
+    TorchAdd,
+    TorchAppend,
+    TorchCancelWait,
+    TorchCheck,
+    TorchCompareSet,
+    TorchDeleteKey,
+    TorchGet,
+    TorchListKeys,
+    TorchMultiGet,
+    TorchMultiSet,
+    TorchNumKeys,
+    TorchPing,
+    TorchQueueLen,
+    TorchQueuePop,
+    TorchQueuePush,
+    TorchSet,
+    TorchValidate,
+    TorchWait,
+)
 
 log = logging.getLogger("aioelastic.store.torch")
-
-
-def store_key(wire_key: str) -> str:
-    """The store key for a key as torch's client sends it (its leading ``/`` removed)."""
-    return wire_key[1:] if wire_key.startswith("/") else wire_key
 
 
 class _Later:
@@ -72,24 +97,6 @@ class _Later:
 
 
 LATER = _Later()
-
-
-def _at_once(
-    answer: Callable[[TorchRequest], bytes | _Later | None],
-) -> Callable[[TorchRequest], Awaitable[bytes | None]]:
-    """The handler for :meth:`TorchSession.serve` of a request always answered at once."""
-
-    async def handle(request: TorchRequest) -> bytes | None:
-        reply = answer(request)
-        assert not isinstance(reply, _Later)
-        return reply
-
-    return handle
-
-
-def _store_keys(request: TorchRequest) -> list[str]:
-    """The store keys of a request whose one field is a list of keys."""
-    return [store_key(key) for key in cast(list[str], request.fields[0])]
 
 
 class TorchQueues:
@@ -231,7 +238,7 @@ class TorchSession:
         self.closed = False
         self._drop_reason: str | None = None
         self.reported = False
-        self._inbox_send, self._inbox = anyio.create_memory_object_stream[TorchRequest | None](
+        self._inbox_send, self._inbox = anyio.create_memory_object_stream[AnyTorchRequest | None](
             math.inf
         )
         self._scope = anyio.CancelScope()
@@ -239,50 +246,8 @@ class TorchSession:
         self._cancels = 0  # CANCEL_WAITs that arrived before the WAIT they cancel started
         self._active_wait: anyio.CancelScope | None = None
         self._queued = 0  # requests handed to serve() and not yet answered
-        self._memory = self.store if isinstance(self.store, MemoryStore) else None
-        self._now: dict[TorchOp, Callable[[TorchRequest], bytes | _Later | None]] = {
-            TorchOp.CANCEL_WAIT: self._cancel_wait_now,
-            TorchOp.PING: self._ping_now,
-            TorchOp.QUEUE_PUSH: self._queue_push_now,
-            TorchOp.QUEUE_POP: self._queue_pop_now,
-            TorchOp.QUEUE_LEN: self._queue_len_now,
-        }
-        if self._memory is not None:  # the server's own store: most answers need no await
-            self._now.update(
-                {
-                    TorchOp.SET: self._set_now,
-                    TorchOp.COMPARE_SET: self._compare_set_now,
-                    TorchOp.GET: self._get_now,
-                    TorchOp.ADD: self._add_now,
-                    TorchOp.CHECK: self._check_now,
-                    TorchOp.WAIT: self._wait_now,
-                    TorchOp.GETNUMKEYS: self._num_keys_now,
-                    TorchOp.DELETE_KEY: self._delete_key_now,
-                    TorchOp.APPEND: self._append_now,
-                    TorchOp.MULTI_GET: self._multi_get_now,
-                    TorchOp.MULTI_SET: self._multi_set_now,
-                }
-            )
-        self._handlers: dict[TorchOp, Callable[[TorchRequest], Awaitable[bytes | None]]] = {
-            TorchOp.SET: self._set,
-            TorchOp.COMPARE_SET: self._compare_set,
-            TorchOp.GET: self._get,
-            TorchOp.ADD: self._add,
-            TorchOp.CHECK: self._check,
-            TorchOp.WAIT: self._wait,
-            TorchOp.GETNUMKEYS: self._num_keys,
-            TorchOp.DELETE_KEY: self._delete_key,
-            TorchOp.APPEND: self._append,
-            TorchOp.MULTI_GET: self._multi_get,
-            TorchOp.MULTI_SET: self._multi_set,
-            TorchOp.CANCEL_WAIT: _at_once(self._cancel_wait_now),
-            TorchOp.PING: _at_once(self._ping_now),
-            TorchOp.QUEUE_PUSH: _at_once(self._queue_push_now),
-            TorchOp.QUEUE_POP: _at_once(self._queue_pop_now),
-            TorchOp.QUEUE_LEN: _at_once(self._queue_len_now),
-            TorchOp.LIST_KEYS: self._list_keys,
-            TorchOp.VALIDATE: self._validate_again,
-        }
+        memory = self.store if isinstance(self.store, MemoryStore) else None
+        self._now, self._later = _bind(self, memory)
 
     def report(self, reason: str) -> None:
         """Log a problem with this client: the first as a warning, the rest at debug level."""
@@ -301,30 +266,31 @@ class TorchSession:
             return b""
         decoder = self.decoder
         replies: list[bytes] = []
-        for request in decoder.feed(data):
+        for decoded in decoder.feed(data):
             if not self.validated:
-                if request.op is not TorchOp.VALIDATE or request.fields[0] != VALIDATION_MAGIC:
+                if decoded.op is not TorchOp.VALIDATE or decoded.fields[0] != VALIDATION_MAGIC:
                     self._queue_drop(
                         f"the first request must be VALIDATE with torch's magic number, not "
-                        f"{request.op.name} {request.fields!r}"
+                        f"{decoded.op.name} {decoded.fields!r}"
                     )
                     break
                 self.validated = True
                 continue
-            if not self._queued and (answer := self._now.get(request.op)) is not None:
+            request = BUILDERS[decoded.op](*decoded.fields)
+            if not self._queued and (answer := self._now.get(type(request))) is not None:
                 try:
                     reply = answer(request)
                 except (StoreError, ValueError, TypeError, OverflowError) as error:
-                    self._drop(f"{request.op.name} failed: {error}")
+                    self._drop(f"{decoded.op.name} failed: {error}")
                     return b""
                 if not isinstance(reply, _Later):
                     self.service._requests += 1
                     if reply is not None:
                         replies.append(reply)
                     continue
-            if request.op is TorchOp.WAIT:
+            if isinstance(request, TorchWait):
                 self._waits_queued += 1
-            elif request.op is TorchOp.CANCEL_WAIT:
+            elif isinstance(request, TorchCancelWait):
                 self._cancel_current_wait()
             self._queued += 1
             self._inbox_send.send_nowait(request)
@@ -363,9 +329,9 @@ class TorchSession:
                         return
                     self.service._requests += 1
                     try:
-                        reply = await self._handlers[request.op](request)
+                        reply = await self._later[type(request)](request)
                     except (StoreError, ValueError, TypeError, OverflowError) as error:
-                        self._drop(f"{request.op.name} failed: {error}")
+                        self._drop(f"{_op_name(request)} failed: {error}")
                         return
                     if reply is not None:
                         await self.send(reply)
@@ -377,144 +343,28 @@ class TorchSession:
         self.hangup()
         self.close()
 
-    # -- answers without waiting (queues, ping; every op on the server's own MemoryStore) -----
+    # -- what needs the session: presence (keys or queues) and the wait -------------------
 
-    def _present_now(self, keys: Sequence[str]) -> bool:
-        assert self._memory is not None
-        missing = [key for key in keys if not self.queues.nonempty(key)]
-        return not missing or self._memory.check_nowait(missing)
-
-    def _set_now(self, request: TorchRequest) -> None:
-        assert self._memory is not None
-        key, value = request.fields
-        self._memory.set_nowait(store_key(key), value)  # type: ignore[arg-type]
-
-    def _compare_set_now(self, request: TorchRequest) -> bytes:
-        assert self._memory is not None
-        key, expected, desired = request.fields
-        return encode_value(self._memory.compare_set_nowait(store_key(key), expected, desired))  # type: ignore[arg-type]
-
-    def _get_now(self, request: TorchRequest) -> bytes:
-        assert self._memory is not None
-        (key,) = request.fields
-        values = self._memory.get_nowait((store_key(key),))  # type: ignore[arg-type]
-        return encode_value(b"" if values is None else values[0])
-
-    def _multi_get_now(self, request: TorchRequest) -> bytes:
-        memory = self._memory
-        assert memory is not None
-        keys = _store_keys(request)
-        values = memory.get_nowait(keys)
-        if values is None:
-            values = [(memory.get_nowait((key,)) or [b""])[0] for key in keys]
-        return encode_values(values)
-
-    def _add_now(self, request: TorchRequest) -> bytes:
-        assert self._memory is not None
-        key, amount = request.fields
-        return encode_i64(self._memory.add_nowait(store_key(key), amount))  # type: ignore[arg-type]
-
-    def _check_now(self, request: TorchRequest) -> bytes:
-        return CHECK_READY if self._present_now(_store_keys(request)) else CHECK_NOT_READY
-
-    def _wait_now(self, request: TorchRequest) -> bytes | _Later:
-        return STOP_WAITING if self._present_now(_store_keys(request)) else LATER
-
-    def _num_keys_now(self, request: TorchRequest) -> bytes:
-        assert self._memory is not None
-        return encode_i64(self._memory.num_keys_nowait())
-
-    def _delete_key_now(self, request: TorchRequest) -> bytes:
-        assert self._memory is not None
-        (key,) = request.fields
-        return encode_i64(1 if self._memory.delete_nowait(store_key(key)) else 0)  # type: ignore[arg-type]
-
-    def _append_now(self, request: TorchRequest) -> None:
-        assert self._memory is not None
-        key, value = request.fields
-        self._memory.append_nowait(store_key(key), value)  # type: ignore[arg-type]
-
-    def _multi_set_now(self, request: TorchRequest) -> None:
-        assert self._memory is not None
-        pairs = cast(list[tuple[str, bytes]], request.fields[0])
-        self._memory.multi_set_nowait([store_key(key) for key, _ in pairs], [v for _, v in pairs])
-
-    def _cancel_wait_now(self, request: TorchRequest) -> bytes:
-        return WAIT_CANCELED
-
-    def _ping_now(self, request: TorchRequest) -> bytes:
-        (nonce,) = request.fields
-        return encode_u32(nonce)  # type: ignore[arg-type]
-
-    def _queue_push_now(self, request: TorchRequest) -> None:
-        key, value = request.fields
-        self.queues.push(store_key(key), value)  # type: ignore[arg-type]
-
-    def _queue_pop_now(self, request: TorchRequest) -> bytes:
-        (key,) = request.fields
-        return encode_queue_pop(*self.queues.pop(store_key(key)))  # type: ignore[arg-type]
-
-    def _queue_len_now(self, request: TorchRequest) -> bytes:
-        (key,) = request.fields
-        return encode_i64(self.queues.length(store_key(key)))  # type: ignore[arg-type]
-
-    # -- requests ---------------------------------------------------------------------------
-
-    async def _set(self, request: TorchRequest) -> None:
-        key, value = request.fields
-        await self.store.set(store_key(key), value)  # type: ignore[arg-type]
-
-    async def _compare_set(self, request: TorchRequest) -> bytes:
-        key, expected, desired = request.fields
-        stored = await self.store.compare_set(store_key(key), expected, desired)  # type: ignore[arg-type]
-        return encode_value(stored)
-
-    async def _value_or_empty(self, key: str) -> bytes:
-        """The value of ``key``, or empty bytes if it is missing (torch's GET)."""
-        try:
-            return await self.store.get(key, timeout=0)
-        except StoreTimeoutError:
-            return b""
-
-    async def _get(self, request: TorchRequest) -> bytes:
-        (key,) = request.fields
-        return encode_value(await self._value_or_empty(store_key(key)))  # type: ignore[arg-type]
-
-    async def _multi_get(self, request: TorchRequest) -> bytes:
-        keys = _store_keys(request)
-        try:
-            values = await self.store.multi_get(keys, timeout=0)
-        except StoreTimeoutError:
-            values = [await self._value_or_empty(key) for key in keys]
-        return encode_values(values)
-
-    async def _add(self, request: TorchRequest) -> bytes:
-        key, amount = request.fields
-        return encode_i64(await self.store.add(store_key(key), amount))  # type: ignore[arg-type]
-
-    async def _present(self, keys: Sequence[str]) -> bool:
+    async def present(self, keys: Sequence[str]) -> bool:
         """Whether every key exists, as a key or as a non-empty queue (torch's CHECK)."""
         queues = self.queues
         missing = [key for key in keys if not queues.nonempty(key)]
         return not missing or await self.store.check(missing)
 
-    async def _check(self, request: TorchRequest) -> bytes:
-        keys = _store_keys(request)
-        return CHECK_READY if await self._present(keys) else CHECK_NOT_READY
-
-    async def _wait(self, request: TorchRequest) -> bytes | None:
+    async def wait(self, request: TorchWait) -> bytes | None:
+        """Torch's ``WAIT``: held until every key exists, unless a ``CANCEL_WAIT`` withdraws it
+        (running or still queued: then the ``CANCEL_WAIT``'s reply is the only one)."""
         self._waits_queued -= 1
         if self._cancels:
             self._cancels -= 1  # cancelled before it started: the CANCEL_WAIT answers
             return None
-        keys = _store_keys(request)
-        if await self._present(keys):
+        if await self.present(request.keys):
             return STOP_WAITING
         with anyio.CancelScope() as scope:
             self._active_wait = scope
             self.service._waiting += 1
             try:
-                await self._wait_present(keys)
+                await self._wait_present(request.keys)
             finally:
                 self._active_wait = None
                 self.service._waiting -= 1
@@ -522,45 +372,202 @@ class TorchSession:
 
     async def _wait_present(self, keys: list[str]) -> None:
         """Return once every key exists as a key or a non-empty queue; no polling."""
-        queues = self.queues
+        queues, store = self.queues, self.store
         while True:
             missing = [key for key in keys if not queues.nonempty(key)]
             pushed = queues.watch(missing)  # before the check, so no push slips between
             try:
-                if not missing or await self.store.check(missing):
+                if not missing or await store.check(missing):
                     return
-                async with anyio.create_task_group() as race:
-                    race.start_soon(self._wait_set, missing, race.cancel_scope)
-                    await pushed.wait()
-                    race.cancel_scope.cancel()
+                set_in_store = partial(store.wait, missing, timeout=math.inf)
+                await first_of(set_in_store, pushed.wait)  # then look again
             finally:
                 queues.unwatch(missing, pushed)
 
-    async def _wait_set(self, keys: list[str], scope: anyio.CancelScope) -> None:
-        """Wait until every key is set in the store, then cancel ``scope`` (the race)."""
-        await self.store.wait(keys, timeout=math.inf)
-        scope.cancel()
 
-    async def _num_keys(self, request: TorchRequest) -> bytes:
-        return encode_i64(await self.store.num_keys())
+def _op_name(request: AnyTorchRequest) -> str:
+    return _OPS[type(request)].name
 
-    async def _delete_key(self, request: TorchRequest) -> bytes:
-        (key,) = request.fields
-        existed = await self.store.delete_key(store_key(key))  # type: ignore[arg-type]
-        return encode_i64(1 if existed else 0)
 
-    async def _append(self, request: TorchRequest) -> None:
-        key, value = request.fields
-        await self.store.append(store_key(key), value)  # type: ignore[arg-type]
+R = TypeVar("R")
+Now = Callable[[Any], "bytes | _Later | None"]
+Later = Callable[[Any], Awaitable["bytes | None"]]
 
-    async def _multi_set(self, request: TorchRequest) -> None:
-        pairs = cast(list[tuple[str, bytes]], request.fields[0])
-        keys = [store_key(key) for key, _ in pairs]
-        await self.store.multi_set(keys, [value for _, value in pairs])
 
-    async def _list_keys(self, request: TorchRequest) -> bytes:
-        snapshot = await self.store.get_prefix("")
-        return encode_keys([f"/{key}" for key in snapshot.items])
+@dataclass(frozen=True)
+class Handler(Generic[R]):
+    """How one class of torch request is answered (at most one of ``free`` and ``memory``).
 
-    async def _validate_again(self, request: TorchRequest) -> None:
-        raise ValueError("VALIDATE was already sent on this connection")
+    ``free``: at once, needing no store (the queues, a ping); ``memory``: at once from the
+    server's own :class:`MemoryStore`, or :data:`LATER` when it must wait; ``later``: by
+    awaiting the session's store, whatever it is (a ``free`` handler needs none).
+    """
+
+    op: TorchOp
+    later: Callable[[TorchSession, R], Awaitable[bytes | None]] | None = None
+    memory: Callable[[MemoryStore, TorchQueues, R], bytes | _Later | None] | None = None
+    free: Callable[[TorchQueues, R], bytes | None] | None = None
+
+
+def _bind(
+    session: TorchSession, memory: MemoryStore | None
+) -> tuple[dict[type, Now], dict[type, Later]]:
+    """The session's two lookups from :data:`HANDLERS`: what it answers in
+    :meth:`TorchSession.receive` (the ``free`` handlers, and the ``memory`` ones when its
+    store is a :class:`MemoryStore`), and how :meth:`TorchSession.serve` answers each class."""
+    now: dict[type, Now] = {}
+    later: dict[type, Later] = {}
+    for cls, handler in HANDLERS.items():
+        if handler.free is not None:
+            now[cls] = answer = partial(handler.free, session.queues)
+            later[cls] = partial(_at_once, answer)
+            continue
+        if handler.memory is not None and memory is not None:
+            now[cls] = partial(handler.memory, memory, session.queues)
+        assert handler.later is not None
+        later[cls] = partial(handler.later, session)
+    return now, later
+
+
+async def _at_once(answer: Callable[[Any], bytes | None], request: object) -> bytes | None:
+    return answer(request)
+
+
+# -- at once, on the server's own MemoryStore --------------------------------------------------
+
+
+def _present_now(memory: MemoryStore, queues: TorchQueues, keys: Sequence[str]) -> bool:
+    missing = [key for key in keys if not queues.nonempty(key)]
+    return not missing or memory.check_nowait(missing)
+
+
+def _get_now(memory: MemoryStore, _: TorchQueues, request: TorchGet) -> bytes:
+    values = memory.get_nowait((request.key,))
+    return encode_value(b"" if values is None else values[0])
+
+
+def _multi_get_now(memory: MemoryStore, _: TorchQueues, request: TorchMultiGet) -> bytes:
+    keys = request.keys
+    values = memory.get_nowait(keys)
+    if values is None:
+        values = [(memory.get_nowait((key,)) or [b""])[0] for key in keys]
+    return encode_values(values)
+
+
+# -- by awaiting any store --------------------------------------------------------------------
+
+
+async def _value_or_empty(store: Store, key: str) -> bytes:
+    """The value of ``key``, or empty bytes if it is missing (torch's GET)."""
+    try:
+        return await store.get(key, timeout=0)
+    except StoreTimeoutError:
+        return b""
+
+
+async def _set(s: TorchSession, request: TorchSet) -> None:
+    await s.store.set(request.key, request.value)
+
+
+async def _compare_set(s: TorchSession, request: TorchCompareSet) -> bytes:
+    return encode_value(await s.store.compare_set(request.key, request.expected, request.desired))
+
+
+async def _get(s: TorchSession, request: TorchGet) -> bytes:
+    return encode_value(await _value_or_empty(s.store, request.key))
+
+
+async def _multi_get(s: TorchSession, request: TorchMultiGet) -> bytes:
+    try:
+        values = await s.store.multi_get(request.keys, timeout=0)
+    except StoreTimeoutError:
+        values = [await _value_or_empty(s.store, key) for key in request.keys]
+    return encode_values(values)
+
+
+async def _add(s: TorchSession, request: TorchAdd) -> bytes:
+    return encode_i64(await s.store.add(request.key, request.amount))
+
+
+async def _check(s: TorchSession, request: TorchCheck) -> bytes:
+    return CHECK_READY if await s.present(request.keys) else CHECK_NOT_READY
+
+
+async def _num_keys(s: TorchSession, request: TorchNumKeys) -> bytes:
+    return encode_i64(await s.store.num_keys())
+
+
+async def _delete_key(s: TorchSession, request: TorchDeleteKey) -> bytes:
+    return encode_i64(1 if await s.store.delete_key(request.key) else 0)
+
+
+async def _append(s: TorchSession, request: TorchAppend) -> None:
+    await s.store.append(request.key, request.value)
+
+
+async def _multi_set(s: TorchSession, request: TorchMultiSet) -> None:
+    await s.store.multi_set(request.keys, request.values)
+
+
+async def _list_keys(s: TorchSession, request: TorchListKeys) -> bytes:
+    snapshot = await s.store.get_prefix("")
+    return encode_keys([f"/{key}" for key in snapshot.items])
+
+
+async def _validate_again(s: TorchSession, request: TorchValidate) -> None:
+    raise ValueError("VALIDATE was already sent on this connection")
+
+
+HANDLERS: dict[type, Handler[Any]] = {
+    TorchSet: Handler[TorchSet](TorchOp.SET, _set, lambda m, q, r: m.set_nowait(r.key, r.value)),
+    TorchCompareSet: Handler[TorchCompareSet](
+        TorchOp.COMPARE_SET,
+        _compare_set,
+        lambda m, q, r: encode_value(m.compare_set_nowait(r.key, r.expected, r.desired)),
+    ),
+    TorchGet: Handler[TorchGet](TorchOp.GET, _get, _get_now),
+    TorchAdd: Handler[TorchAdd](
+        TorchOp.ADD, _add, lambda m, q, r: encode_i64(m.add_nowait(r.key, r.amount))
+    ),
+    TorchCheck: Handler[TorchCheck](
+        TorchOp.CHECK,
+        _check,
+        lambda m, q, r: CHECK_READY if _present_now(m, q, r.keys) else CHECK_NOT_READY,
+    ),
+    TorchWait: Handler[TorchWait](
+        TorchOp.WAIT,
+        TorchSession.wait,
+        lambda m, q, r: STOP_WAITING if _present_now(m, q, r.keys) else LATER,
+    ),
+    TorchNumKeys: Handler[TorchNumKeys](
+        TorchOp.GETNUMKEYS, _num_keys, lambda m, q, r: encode_i64(m.num_keys_nowait())
+    ),
+    TorchDeleteKey: Handler[TorchDeleteKey](
+        TorchOp.DELETE_KEY,
+        _delete_key,
+        lambda m, q, r: encode_i64(1 if m.delete_nowait(r.key) else 0),
+    ),
+    TorchAppend: Handler[TorchAppend](
+        TorchOp.APPEND, _append, lambda m, q, r: m.append_nowait(r.key, r.value)
+    ),
+    TorchMultiGet: Handler[TorchMultiGet](TorchOp.MULTI_GET, _multi_get, _multi_get_now),
+    TorchMultiSet: Handler[TorchMultiSet](
+        TorchOp.MULTI_SET, _multi_set, lambda m, q, r: m.multi_set_nowait(r.keys, r.values)
+    ),
+    TorchCancelWait: Handler[TorchCancelWait](TorchOp.CANCEL_WAIT, free=lambda q, r: WAIT_CANCELED),
+    TorchPing: Handler[TorchPing](TorchOp.PING, free=lambda q, r: encode_u32(r.nonce)),
+    TorchQueuePush: Handler[TorchQueuePush](
+        TorchOp.QUEUE_PUSH, free=lambda q, r: q.push(r.key, r.value)
+    ),
+    TorchQueuePop: Handler[TorchQueuePop](
+        TorchOp.QUEUE_POP, free=lambda q, r: encode_queue_pop(*q.pop(r.key))
+    ),
+    TorchQueueLen: Handler[TorchQueueLen](
+        TorchOp.QUEUE_LEN, free=lambda q, r: encode_i64(q.length(r.key))
+    ),
+    TorchListKeys: Handler[TorchListKeys](TorchOp.LIST_KEYS, _list_keys),
+    TorchValidate: Handler[TorchValidate](TorchOp.VALIDATE, _validate_again),
+}
+"""How each request class is answered (see the module docstring)."""
+
+_OPS = {cls: handler.op for cls, handler in HANDLERS.items()}
