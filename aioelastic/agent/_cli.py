@@ -285,7 +285,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--shutdown-timeout",
         default=os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"),
         type=_non_negative(float),
-        help="seconds between the forwarded signal and SIGKILL",
+        help="seconds between the forwarded signal and SIGKILL (fractions allowed, on "
+        "purpose: torchrun takes whole seconds, every one of which works here too)",
     )
     flag(
         "--reap-core-dump",

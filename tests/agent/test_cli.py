@@ -75,6 +75,25 @@ def test_pet_environment_variables_set_defaults(monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        (["--shutdown-timeout", "2.5"], None, 2.5),
+        (["--shutdown-timeout", "7"], None, 7.0),
+        ([], "0.25", 0.25),
+        (["--shutdown-timeout", "3"], "0.25", 3.0),
+    ],
+)
+def test_shutdown_timeout_takes_fractions_from_the_flag_or_torchs_variable(
+    argv: list[str], env: str | None, expected: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A superset of torchrun's whole seconds, on purpose (short grace periods in tests and
+    quick jobs); TORCH_ELASTIC_SHUTDOWN_TIMEOUT is read the same way, the flag wins."""
+    if env is not None:
+        monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", env)
+    assert parse(*argv, "train.py").shutdown_timeout == expected
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--nnodes", "3:2"], "argument --nnodes: need 0 < MIN <= MAX, got '3:2'"),
