@@ -9,9 +9,9 @@ operations it names until the test releases it, so a test orders events without 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -160,61 +160,63 @@ class FaultyStore(Store):
             self.endpoint, f"{self.name} is partitioned from the store ({operation} failed)"
         )
 
-    async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, operation: str, call: Coroutine[Any, Any, T]) -> T:
+        """Await ``call`` (the inner store's call, not started yet) unless partitioned or
+        stalled. Taking the coroutine itself, not a function making it, spares a closure a
+        call: a node's waiting calls hold no more than the inner store's."""
         self._calls += 1
-        if self._partitioned:
-            raise self._lost(operation)
         scope = anyio.CancelScope()
-        self._in_flight.add(scope)
         try:
+            if self._partitioned:
+                raise self._lost(operation)
+            self._in_flight.add(scope)
             with scope:
                 if self._stalls:
                     self._stalls = [s for s in self._stalls if not s.released]
                     for stall in self._stalls:
                         if stall.matches(operation):
                             await stall.hold()
-                return await call()
+                return await call
         finally:
             self._in_flight.discard(scope)
+            call.close()  # a call never started (partitioned, or cut off while held)
         raise self._lost(operation)
 
     # -- the Store contract, each call through _call ------------------------------------------
 
     async def set(self, key: str, value: Value, *, ttl: float | None = None) -> None:
-        await self._call("set", lambda: self.inner.set(key, value, ttl=ttl))
+        await self._call("set", self.inner.set(key, value, ttl=ttl))
 
     async def get(self, key: str, *, timeout: float | None = None) -> bytes:
-        value = await self._call("get", lambda: self.inner.get(key, timeout=timeout))
+        value = await self._call("get", self.inner.get(key, timeout=timeout))
         self._keys_read += 1
         return value
 
     async def add(self, key: str, amount: int) -> int:
-        return await self._call("add", lambda: self.inner.add(key, amount))
+        return await self._call("add", self.inner.add(key, amount))
 
     async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
-        return await self._call(
-            "compare_set", lambda: self.inner.compare_set(key, expected, desired)
-        )
+        return await self._call("compare_set", self.inner.compare_set(key, expected, desired))
 
     async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
-        await self._call("wait", lambda: self.inner.wait(keys, timeout=timeout))
+        await self._call("wait", self.inner.wait(keys, timeout=timeout))
 
     async def check(self, keys: Sequence[str]) -> bool:
-        return await self._call("check", lambda: self.inner.check(keys))
+        return await self._call("check", self.inner.check(keys))
 
     async def delete_key(self, key: str) -> bool:
-        return await self._call("delete_key", lambda: self.inner.delete_key(key))
+        return await self._call("delete_key", self.inner.delete_key(key))
 
     async def num_keys(self) -> int:
-        return await self._call("num_keys", self.inner.num_keys)
+        return await self._call("num_keys", self.inner.num_keys())
 
     async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
-        values = await self._call("multi_get", lambda: self.inner.multi_get(keys, timeout=timeout))
+        values = await self._call("multi_get", self.inner.multi_get(keys, timeout=timeout))
         self._keys_read += len(values)
         return values
 
     async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
-        await self._call("multi_set", lambda: self.inner.multi_set(keys, values))
+        await self._call("multi_set", self.inner.multi_set(keys, values))
 
     @property
     def counts_keys(self) -> bool:
@@ -225,14 +227,14 @@ class FaultyStore(Store):
     ) -> int:
         return await self._call(
             "multi_set_and_count",
-            lambda: self.inner.multi_set_and_count(keys, values, prefix=prefix),
+            self.inner.multi_set_and_count(keys, values, prefix=prefix),
         )
 
     async def append(self, key: str, value: Value) -> None:
-        await self._call("append", lambda: self.inner.append(key, value))
+        await self._call("append", self.inner.append(key, value))
 
     async def get_prefix(self, prefix: str) -> Snapshot:
-        snapshot = await self._call("get_prefix", lambda: self.inner.get_prefix(prefix))
+        snapshot = await self._call("get_prefix", self.inner.get_prefix(prefix))
         self._keys_read += len(snapshot.items)
         return snapshot
 
@@ -241,8 +243,8 @@ class FaultyStore(Store):
     ) -> int:
         return await self._call(
             "wait_for_change",
-            lambda: self.inner.wait_for_change(prefix, after=after, timeout=timeout),
+            self.inner.wait_for_change(prefix, after=after, timeout=timeout),
         )
 
     async def ttl_remaining(self, key: str) -> float | None:
-        return await self._call("ttl_remaining", lambda: self.inner.ttl_remaining(key))
+        return await self._call("ttl_remaining", self.inner.ttl_remaining(key))
