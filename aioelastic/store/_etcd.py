@@ -38,7 +38,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from aioelastic._service import Service
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._errors import StoreClosedError, StoreOutcomeUnknownError, StoreTimeoutError
-from aioelastic.store._etcd_combine import AddCombiner, SharedCalls
+from aioelastic.store._etcd_combine import AddCombiner, CountedWrite, CountedWrites, SharedCalls
 from aioelastic.store._etcd_events import (
     EtcdEvents,
     EtcdFailover,
@@ -82,6 +82,9 @@ from aioelastic.store._memory import check_key, check_ttl, parse_int
 DEFAULT_PREFIX = "/aioelastic/default/"
 ADD_GUESSES = 32
 """How many concurrent adds of the same amount by other clients one add transaction absorbs."""
+COUNTED_OPS = 120
+"""The most operations (puts and counts) one shared counted-write transaction holds: etcd's
+default ``--max-txn-ops`` is 128."""
 _LAST_WRITTEN_MAX = 4096
 """How many keys' last added values a store remembers (the guesses of blind adds)."""
 
@@ -141,6 +144,7 @@ class EtcdStore(Service, Store):
         self._ttl_leases = TTLLeases(self._conn)
         self._tokens = itertools.count(1)
         self._adders: dict[bytes, AddCombiner] = {}
+        self._counted: dict[bytes, CountedWrites] = {}
         self._last_written: dict[bytes, bytes] = {}  # key -> value of this store's last add
         closed = functools.partial(StoreClosedError, f"the etcd store {self._endpoint} closed")
         self._shared_reads: SharedCalls[Hashable, Any] = SharedCalls(
@@ -550,41 +554,67 @@ class EtcdStore(Service, Store):
         """One transaction: the puts, then a count-only range read of ``prefix``, which sees
         them (etcd reads a transaction's own writes). No compare, so concurrent callers never
         conflict, and the key count stands in for a counter etcd cannot increment atomically.
+        Concurrent calls on one prefix share a transaction (:class:`CountedWrites`), each
+        count right after its own puts.
 
         A lost reply is recovered without counting twice: if the first key under ``prefix``
-        holds its new value, the count is read at that key's revision; else the transaction
-        is sent again.
+        holds its new value, the count is read at that key's revision (with a shared
+        transaction, the writes after it in the same transaction count too); else the
+        transaction is sent again.
         """
         if len(keys) != len(values):
             raise ValueError(f"multi_set_and_count got {len(keys)} keys but {len(values)} values")
-        full = [self._key(key) for key in keys]
-        data = [to_bytes(value) for value in values]
+        puts = {self._key(key): to_bytes(value) for key, value in zip(keys, values, strict=True)}
         head = self._data + check_key(prefix).encode()
-        end = range_end(head)
         self._check_serving()
-        ops = [
-            rpc.RequestOp(request_put=rpc.PutRequest(key=k, value=v))
-            for k, v in zip(full, data, strict=True)
-        ]
-        count = rpc.RangeRequest(key=head, range_end=end, count_only=True)
-        request = rpc.TxnRequest(success=[*ops, rpc.RequestOp(request_range=count)])
-        for key in full:
+        for key in puts:
             self._ttl_leases.forget(key)
-        own = next(((k, v) for k, v in zip(full, data, strict=True) if k.startswith(head)), None)
+        writes = self._counted.setdefault(head, CountedWrites(COUNTED_OPS))
+        try:
+            return await writes.write(puts, functools.partial(self._send_counted, head))
+        finally:
+            if not writes.users and self._counted.get(head) is writes:
+                del self._counted[head]
+
+    async def _send_counted(self, head: bytes, batch: list[CountedWrite]) -> list[int]:
+        """Send ``batch`` (see :meth:`multi_set_and_count`); return each write's count."""
+        end = range_end(head)
+        count = rpc.RangeRequest(key=head, range_end=end, count_only=True)
+        counts: list[int | None] = [None] * len(batch)
         deadline = anyio.current_time() + self._conn.retry_timeout
         while True:
+            request = rpc.TxnRequest()
+            written: set[bytes] = set()
+            for entry, found in zip(batch, counts, strict=True):
+                if found is not None:
+                    continue
+                for key, value in entry.puts.items():
+                    if key not in written:
+                        put = request.success.add().request_put
+                        put.key, put.value = key, value
+                        written.add(key)
+                request.success.add().request_range.CopyFrom(count)
             try:
                 response = await self._txn("multi_set_and_count", request, idempotent=False)
             except Exception as error:
                 if not is_retryable(error):
                     raise
                 self._conn.failover(self._conn.current, error)
-                if own is not None and (landed := await self._count_at_write(*own, head, end)):
-                    return landed
+                for index, entry in enumerate(batch):
+                    own = next(((k, v) for k, v in entry.puts.items() if k.startswith(head)), None)
+                    if counts[index] is None and own is not None:
+                        counts[index] = await self._count_at_write(*own, head, end) or None
+                if all(found is not None for found in counts):
+                    return [found for found in counts if found is not None]
                 if anyio.current_time() > deadline:
                     raise self._conn.unreachable("multi_set_and_count", error) from None
                 continue
-            return int(response.responses[-1].response_range.count)
+            got = iter(
+                int(op.response_range.count)
+                for op in response.responses
+                if op.WhichOneof("response") == "response_range"
+            )
+            return [found if found is not None else next(got) for found in counts]
 
     async def _count_at_write(self, key: bytes, value: bytes, head: bytes, end: bytes) -> int:
         """After a lost reply: the keys in ``[head, end)`` at the revision ``key`` got

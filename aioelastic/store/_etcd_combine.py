@@ -89,6 +89,88 @@ class AddCombiner:
             pending.result, pending.done = running, True
 
 
+class CountedWrite:
+    """One ``multi_set_and_count`` call waiting in a :class:`CountedWrites` batch."""
+
+    __slots__ = ("done", "error", "puts", "result")
+
+    def __init__(self, puts: dict[bytes, bytes]) -> None:
+        self.puts = puts
+        self.done = False
+        self.result = 0
+        self.error: BaseException | None = None
+
+
+class CountedWrites:
+    """Combines concurrent counted writes under one prefix into one transaction.
+
+    Whoever holds the lock sends the queued writes in one batch: each write's puts, then a
+    count, so each count still sees every write before it and none after (distinct counts, as
+    if sent one by one). A batch holds at most ``limit`` puts and never the same key twice
+    with two values (etcd refuses a transaction that writes a key twice; a key already written
+    in the batch with the same value is written once). A writer cancelled mid-batch leaves the
+    batch's other writes queued, to be sent again by the next (their puts are idempotent).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._lock = anyio.Lock()
+        self._queue: list[CountedWrite] = []
+        self._limit = limit
+        self.users = 0
+
+    async def write(
+        self,
+        puts: dict[bytes, bytes],
+        send: Callable[[list[CountedWrite]], Awaitable[list[int]]],
+    ) -> int:
+        """Write ``puts`` and return the count; ``send(batch)`` returns the batch's counts."""
+        entry = CountedWrite(puts)
+        self._queue.append(entry)
+        self.users += 1
+        try:
+            async with self._lock:
+                while not entry.done:
+                    await self._send_batch(send)
+        except BaseException:
+            if entry in self._queue:
+                self._queue.remove(entry)
+            raise
+        finally:
+            self.users -= 1
+        if entry.error is not None:
+            raise entry.error
+        return entry.result
+
+    def _take_batch(self) -> list[CountedWrite]:
+        batch: list[CountedWrite] = []
+        written: dict[bytes, bytes] = {}
+        for entry in list(self._queue):
+            if any(written.get(key, value) != value for key, value in entry.puts.items()):
+                continue  # would write a key twice with two values: the next batch
+            new = {k: v for k, v in entry.puts.items() if k not in written}
+            if batch and len(written) + len(new) + len(batch) + 1 > self._limit:
+                break
+            written.update(new)
+            batch.append(entry)
+        for entry in batch:
+            self._queue.remove(entry)
+        return batch
+
+    async def _send_batch(self, send: Callable[[list[CountedWrite]], Awaitable[list[int]]]) -> None:
+        batch = self._take_batch()
+        try:
+            counts = await send(batch)
+        except Exception as error:
+            for pending in batch:
+                pending.error, pending.done = error, True
+            return
+        except BaseException:
+            self._queue[:0] = batch  # the others are sent again by the next lock holder
+            raise
+        for pending, count in zip(batch, counts, strict=True):
+            pending.result, pending.done = count, True
+
+
 class _Flight(Generic[T]):
     __slots__ = ("done", "error", "result", "scope", "started", "waiters")
 

@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic.store._etcd_combine import AddCombiner, SharedCalls
+from aioelastic.store._etcd_combine import AddCombiner, CountedWrite, CountedWrites, SharedCalls
 
 
 @pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio"), pytest.param("trio")])
@@ -249,3 +249,102 @@ async def test_an_error_reaches_every_caller() -> None:
     async with anyio.create_task_group() as flights, anyio.create_task_group() as tg:
         for _ in range(3):
             tg.start_soon(call)
+
+
+class KeyCounter:
+    """Keys counted as they are written, batch by batch; the test can hold a batch open."""
+
+    def __init__(self) -> None:
+        self.keys: set[bytes] = set()
+        self.batches: list[list[dict[bytes, bytes]]] = []
+        self.release = anyio.Event()
+        self.sending = anyio.Event()
+
+    async def send(self, batch: list[CountedWrite]) -> list[int]:
+        self.batches.append([entry.puts for entry in batch])
+        self.sending.set()
+        await self.release.wait()
+        counts = []
+        for entry in batch:
+            self.keys.update(entry.puts)
+            counts.append(len({key for key in self.keys if key.startswith(b"join/")}))
+        return counts
+
+
+async def test_counted_writes_queued_together_go_in_one_batch_with_distinct_counts() -> None:
+    """Writes queued behind a batch in flight go in the next batch together, each with its
+    own count; a key two writes give the same value does not split them."""
+    store, writes, counts = KeyCounter(), CountedWrites(limit=100), []
+
+    async def write(node: int) -> None:
+        puts = {f"join/{node}".encode(): b"r", b"bell": b"0"}
+        counts.append(await writes.write(puts, store.send))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write, 0)
+        await store.sending.wait()
+        for node in range(1, 6):
+            tg.start_soon(write, node)
+        await anyio.wait_all_tasks_blocked()
+        store.release.set()
+    assert sorted(counts) == [1, 2, 3, 4, 5, 6]
+    assert [len(batch) for batch in store.batches] == [1, 5]
+
+
+async def test_a_batch_splits_at_its_limit_and_at_a_key_written_two_ways() -> None:
+    """A batch holds at most ``limit`` operations, and never one key with two values."""
+    store, writes = KeyCounter(), CountedWrites(limit=5)
+    store.release.set()
+    puts = [
+        {b"join/1": b"a", b"bell": b"0"},
+        {b"join/2": b"a", b"bell": b"1"},  # bell written two ways: not with the first
+        {b"join/3": b"a", b"bell": b"0"},
+        {b"join/4": b"a", b"bell": b"0"},  # 2 + 1 + 1 + 1 + 1 + 1 > 5: the next batch
+    ]
+    async with anyio.create_task_group() as tg:
+        blocker = anyio.Event()
+        tg.start_soon(writes.write, {b"join/0": b"a"}, lambda batch: _held(blocker, batch))
+        await anyio.wait_all_tasks_blocked()
+        for each in puts:
+            tg.start_soon(writes.write, each, store.send)
+        await anyio.wait_all_tasks_blocked()
+        blocker.set()
+    assert [[sorted(p) for p in batch] for batch in store.batches] == [
+        [[b"bell", b"join/1"], [b"bell", b"join/3"]],
+        [[b"bell", b"join/2"]],
+        [[b"bell", b"join/4"]],
+    ]
+
+
+async def _held(release: anyio.Event, batch: list[CountedWrite]) -> list[int]:
+    await release.wait()
+    return [1] * len(batch)
+
+
+async def test_a_batch_writer_cancelled_leaves_the_others_to_be_sent_again() -> None:
+    """The caller sending a batch is cancelled: the batch's other writes are sent again by
+    the next caller, and the cancelled one's is not."""
+    store, writes, counts = KeyCounter(), CountedWrites(limit=100), []
+    first = anyio.CancelScope()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_write_in, first, writes, store, b"join/0")
+        # the first writer holds the lock and sends join/0; queue join/1 behind it
+        await store.sending.wait()
+
+        async def second() -> None:
+            counts.append(await writes.write({b"join/1": b"r"}, store.send))
+
+        tg.start_soon(second)
+        await anyio.wait_all_tasks_blocked()
+        first.cancel()
+        await anyio.wait_all_tasks_blocked()
+        store.release.set()
+    assert counts == [1]
+    assert store.keys == {b"join/1"}
+
+
+async def _write_in(
+    scope: anyio.CancelScope, writes: CountedWrites, store: KeyCounter, key: bytes
+) -> None:
+    with scope:
+        await writes.write({key: b"r"}, store.send)
