@@ -305,9 +305,9 @@ async def test_a_batch_splits_at_its_limit_and_at_a_key_written_two_ways() -> No
         blocker = anyio.Event()
         tg.start_soon(writes.write, {b"join/0": b"a"}, lambda batch: _held(blocker, batch))
         await anyio.wait_all_tasks_blocked()
-        for each in puts:
+        for each in puts:  # queued in this order (trio starts tasks in any order)
             tg.start_soon(writes.write, each, store.send)
-        await anyio.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
         blocker.set()
     assert [[sorted(p) for p in batch] for batch in store.batches] == [
         [[b"bell", b"join/1"], [b"bell", b"join/3"]],
