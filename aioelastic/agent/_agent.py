@@ -33,7 +33,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -83,6 +83,7 @@ from aioelastic.rendezvous import (
     RendezvousGracefulExitError,
     RendezvousInfo,
 )
+from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.store import StoreError
 
 if TYPE_CHECKING:
@@ -576,9 +577,14 @@ class ElasticAgent(Service):
             self._membership_changes += 1
             self._emit(RendezvousJoining(self._run_id, handler.get_backend(), self._restart_count))
             try:
-                info = await handler.next_rendezvous()
+                joined = await first_of(
+                    _joined(handler.next_rendezvous), self._lapsed_while_joining
+                )
             except (RendezvousGracefulExitError, RendezvousClosedError) as exc:
                 return Outcome.CLOSED, f"the rendezvous ended while recovering in place: {exc}"
+            if not isinstance(joined, RendezvousInfo):
+                return joined
+            info = joined
             self._rounds += 1
             assigned = await self._assign_unless_invalidated(info)
             if isinstance(assigned[0], Outcome):
@@ -590,6 +596,19 @@ class ElasticAgent(Service):
             ended = self._attempts.new_round()
             if ended is not None:
                 return ended
+
+    async def _lapsed_while_joining(self) -> RendezvousInfo | tuple[Outcome, str]:
+        """Fenced while re-rendezvousing with the workers running: no liveness renewal was
+        acknowledged in time (cut off, say), so the others may already have taken this node
+        for dead and its workers' ranks: they stop as in a fenced round."""
+        handler = self.spec.rdzv_handler
+        if not isinstance(handler, ElasticRendezvousHandler):  # no lease of its own to watch
+            await anyio.sleep_forever()
+        assert isinstance(handler, ElasticRendezvousHandler)
+        why = await handler.wait_lease_lapsed()
+        detail = f"fenced while re-rendezvousing with workers running: {why}"
+        self._emit(NodeFenced(detail))
+        return Outcome.FENCED, detail
 
     async def _wait_round_invalidated(self) -> tuple[Outcome, str]:
         event = await self.spec.rdzv_handler.wait_round_invalidated()
@@ -603,3 +622,14 @@ class ElasticAgent(Service):
 
     def _emit(self, event: AgentEvent) -> None:
         self._subscribers.emit(event)  # a broken subscriber must not take the workers down
+
+
+def _joined(
+    join: Callable[[], Awaitable[RendezvousInfo]],
+) -> Callable[[], Awaitable[RendezvousInfo | tuple[Outcome, str]]]:
+    """``join`` typed as one side of a race with an outcome."""
+
+    async def joined() -> RendezvousInfo | tuple[Outcome, str]:
+        return await join()
+
+    return joined

@@ -271,6 +271,19 @@ class ElasticRendezvousHandler(RendezvousHandler):
             )
         return self._completed(store, command.result, command.rank)
 
+    async def wait_lease_lapsed(self) -> str:
+        """Return, saying why, once this node's liveness lease lapsed by its own clock (no
+        renewal acknowledged in time; at once if it already has). For a caller whose workers
+        run on while it joins a round (in-place recovery): it must stop them then."""
+        self._require_store()
+        while True:
+            now = self._clock.now()
+            if self._lease.lapsed(now):
+                return self._lease.describe(now)
+            poke = self._poke  # set by each renewal (the keep-alive goes on while joining)
+            with self._clock.move_on_at(self._lease.fence_at):
+                await poke.wait()
+
     async def is_closed(self) -> bool:
         store = self._require_store()
         return await self._guarded(store.check([layout.CLOSED_KEY]))

@@ -261,3 +261,53 @@ async def test_gloo_survivors_leave_a_collective_with_a_partitioned_peer(
         assert restarted, job.consoles()
         assert in_smaller.isdisjoint(restarted)
         assert in_smaller - set(survivors.values()), job.consoles()
+
+
+async def test_a_survivor_cut_off_while_it_re_rendezvouses_fences_its_workers() -> None:
+    """Three hosts, exactly three nodes wanted (``--nnodes 3``): host 1's agent is killed, so
+    hosts 0 and 2 re-rendezvous with their workers running and wait there for a third node.
+    Host 2 is then cut off: no liveness renewal is acknowledged, so it fences its worker while
+    still joining (its ranks may be taken by others), instead of running on as a rank of a
+    world nobody else is in."""
+    workdir = Path(tempfile.mkdtemp(prefix="aioe-"))
+    collector = Collector(workdir / "records.sock")
+    try:
+        async with Network(3) as net, anyio.create_task_group() as tg:
+            await tg.start(collector.serve)
+            job = Job(net, workdir, collector)
+            script = workdir / "inplace_worker.py"
+            script.write_text(IN_PLACE_WORKER)
+            await job.start(
+                tg,
+                net.hosts,
+                backend="c10d",
+                endpoint=await job.endpoint("c10d", net.hosts),
+                conf=CONF,
+                nnodes="3",
+                options=("--recovery", "in-place"),
+                script=script,
+            )
+            try:
+                await check_fenced_while_joining(job)
+            finally:
+                await job.stop()
+                tg.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def check_fenced_while_joining(job: Job) -> None:
+    net, records = job.net, job.collector
+    a, b, c = net.hosts
+    first = await records.wait_for(lambda: records.world(net.hosts))
+    killed_at = time.time()
+    job.agent(b).process.kill()
+    await job.wait_said(c, "joining rendezvous", after=killed_at)
+    await records.wait_for(lambda: records.world([a, c]))  # the world of 2 goes on meanwhile
+    cut_at = time.time()
+    await net.cut(c)
+    fenced_at = await job.wait_said(c, "fenced while re-rendezvousing", after=cut_at)
+    worker = next(w for w in records.workers if w.host == c.addr and w.round > first[0].round)
+    await records.wait_for(lambda: worker.ended is not None)
+    assert fenced_at - cut_at <= HEARTBEAT + SLACK, job.consoles()
+    assert "killing the workers (SIGKILL)" in job.agent(c).console
