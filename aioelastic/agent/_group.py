@@ -284,6 +284,8 @@ class WorkerGroup:
         env = worker_env(
             os.environ, spec, info, ranks, error_file=str(error_file), timer_file=self._timer_file
         )
+        if laid_out is not None:
+            env.update(laid_out.env)  # what the LogsSpecs's reify set, as under torchrun
         env.update(extra_env or {})
         argv = spec.argv
         if spec.virtual_local_rank:
@@ -349,7 +351,11 @@ class WorkerGroup:
             logs, where = self.spec.logs, self._attempt_dir
 
             def copy(name: str, needles: tuple[str, ...]) -> FilteredCopy | None:
-                return FilteredCopy(where / name, needles) if needles and where else None
+                path = where / name if where else None
+                if logs.layout is not None:  # --logs-specs: where its LogsSpecs said
+                    laid_out = next(iter(self._laid_out().values()), None)
+                    path = getattr(laid_out, name.removesuffix(".log"), None)
+                return FilteredCopy(path, needles) if needles and path else None
 
             self._copies = (
                 copy("filtered_stdout.log", logs.duplicate_stdout_filters),

@@ -230,17 +230,35 @@ class FlatLogs(DefaultLogsSpecs):
             stderrs={r: "" for r in envs},
             error_files=errors,
         )
+
+
+class TeeFlatLogs(FlatLogs):  # stdout files also shown, a filtered copy, a variable of its own
+
+    def reify(self, envs):
+        dest = super().reify(envs)
+        for env in envs.values():
+            env["FLAT_LOGS"] = "reified"
+        return LogsDest(
+            stdouts=dest.stdouts,
+            stderrs=dest.stderrs,
+            tee_stdouts=dict(dest.stdouts),
+            error_files=dest.error_files,
+            filtered_stdout=os.path.join(self.root_log_dir, "filtered.out"),
+        )
 """
 
 
 def install_logs_specs_plugin(where: Path) -> dict[str, str]:
-    """A distribution in ``where`` whose torchrun.logs_specs entry point 'flat' is FlatLogs;
+    """A distribution in ``where`` whose torchrun.logs_specs entry points 'flat' and 'flat-tee'
+    are FlatLogs and TeeFlatLogs;
     returns the environment that makes it importable."""
     (where / "flat_logs.py").write_text(FLAT_LOGS)
     info = where / "flat_logs-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flat-logs\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[torchrun.logs_specs]\nflat = flat_logs:FlatLogs\n")
+    (info / "entry_points.txt").write_text(
+        "[torchrun.logs_specs]\nflat = flat_logs:FlatLogs\nflat-tee = flat_logs:TeeFlatLogs\n"
+    )
     return {"PYTHONPATH": os.pathsep.join([str(where), os.environ.get("PYTHONPATH", "")])}
 
 
@@ -263,3 +281,25 @@ async def test_logs_specs_plugin_decides_where_output_and_error_files_go(
     for rank, record in enumerate(recorded_envs(out)):
         assert f"done rank={rank}" in lines_of(str(logs / f"rank{rank}-attempt0.out"))[-1]
         assert record["TORCHELASTIC_ERROR_FILE"] == str(logs / f"rank{rank}.error.json")
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+async def test_logs_specs_env_changes_reach_workers_and_its_filtered_copy_is_written(
+    launcher: Sequence[str] | None, tmp_path: Path
+) -> None:
+    """Under --logs-specs, what reify sets in the environments reaches the workers, and the
+    --duplicate-stdout-filters copy goes where its LogsDest says (both as under torchrun)."""
+    env = install_logs_specs_plugin(tmp_path)
+    logs, out = tmp_path / "logs", tmp_path / "env"
+    out.mkdir()
+    argv = ["--standalone", "--nproc-per-node", "2", "--logs-specs", "flat-tee"]
+    argv += ["--log-dir", str(logs), "--duplicate-stdout-filters", "done"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, WORKER, "--out", str(out), launcher=launcher, env=env) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert [record["FLAT_LOGS"] for record in recorded_envs(out)] == ["reified"] * 2
+    kept = sorted(line[line.index("done") :] for line in lines_of(str(logs / "filtered.out")))
+    assert kept == [f"done rank={rank} attempt=0 nodes=1" for rank in range(2)]
