@@ -19,7 +19,11 @@ Interpreting a reply has three outcomes: *applied* (a branch wrote), *landed ear
 holds a token of an attempt whose reply was lost) or *retry* (from the value read back). After a
 lost reply the marker says whether that attempt landed; a missing marker is conclusive only while
 the session lease lives. When the lease (and with it the marker) is gone while an attempt may
-still have landed, the outcome is unknown and is reported, never guessed.
+still have landed, the outcome is unknown and is reported, never guessed. And a lost attempt may
+land *after* the marker was read: a call that would stop on what it reads while one of its
+attempts is in doubt (``compare_set`` finding another value) first *fences*: it moves the marker
+to a token of its own in a transaction that requires the marker as last known, so no copy of an
+earlier attempt can land after it, and reads the key in the same transaction.
 
 :class:`Update` is that protocol as a state machine the shell drives: each method returns the
 next :data:`Step` (send this, read that, done), as h11's connection returns events. Requests and
@@ -226,6 +230,16 @@ def update_request(
     return Txn((ModRevisionIs(marker, marker_revision),), otherwise, (Get(key), Get(marker)))
 
 
+def fence_request(key: bytes, marker: bytes, lease: int, marker_revision: int, token: bytes) -> Txn:
+    """Move the marker to ``token`` if it is at ``marker_revision`` and read ``key``; else read
+    the key and the marker (as :func:`update_request` does when the marker moved)."""
+    return Txn(
+        (ModRevisionIs(marker, marker_revision),),
+        (Put(marker, token, lease), Get(key)),
+        (Get(key), Get(marker)),
+    )
+
+
 @dataclass(slots=True)
 class Update:
     """One exactly-once read-modify-write of ``key`` through the marker slot ``marker``.
@@ -248,6 +262,8 @@ class Update:
     _values: list[bytes] = field(default_factory=list)
     _written: dict[bytes, bytes] = field(default_factory=dict)  # token -> the value it writes
     _in_doubt: bool = False  # an attempt whose reply was lost may still land
+    _fences: set[bytes] = field(default_factory=set)  # tokens that moved the marker, no value
+    _fencing: bool = False  # the last Send is a fence
 
     def start(self) -> Step:
         """The first step: send the first attempt (or done, if ``change`` declines)."""
@@ -255,6 +271,10 @@ class Update:
 
     def received(self, result: TxnResult) -> Step:
         """The reply to the last :class:`Send`."""
+        if result.succeeded and self._fencing:  # no earlier attempt can land any more
+            key_read = result.results[1]
+            assert isinstance(key_read, GetResult), result
+            return self._fenced(result.revision, key_read.kv)
         if result.succeeded:  # the marker was as expected: walk down the branches
             branch = result.results[0]
             for value in self._values:
@@ -274,6 +294,8 @@ class Update:
         found = marker_read.kv
         if found is not None and found.value in self._written:
             return self._landed(found)  # an attempt whose reply was lost has landed since
+        if found is not None and found.value in self._fences:
+            return self._fenced(found.mod_revision, key_read.kv)  # a lost fence landed since
         if found is None and self.marker_revision != 0 and self._in_doubt:
             return Unknown()  # the lease took the marker, and maybe a landed attempt's token
         # Not our marker, and every attempt of this call is known not to have applied (each
@@ -294,6 +316,8 @@ class Update:
         if found is not None:
             if found.value in self._written:
                 return self._landed(found)
+            if found.value in self._fences:  # a lost fence landed: read the key after it
+                self.marker_revision, self._in_doubt = found.mod_revision, False
             return ReadKey(self.key)  # not (yet) landed; a late copy still needs the marker
         if self.marker_revision == 0:
             return CheckLease(self.lease)  # no marker yet: conclusive only if the lease lives
@@ -321,6 +345,13 @@ class Update:
     def _attempt(self) -> Step:
         current = self.known.value if self.known is not None else None
         self._values = chain(self.change, current, self.guesses)
+        self._fencing = not self._values and self._in_doubt
+        if self._fencing:  # stopping on a read is only sound once no lost attempt can land
+            token = self.tokens()
+            self._fences.add(token)
+            return Send(
+                fence_request(self.key, self.marker, self.lease, self.marker_revision, token)
+            )
         if not self._values:
             return Done(None, current)
         tokens = [self.tokens() for _ in self._values]
@@ -337,6 +368,11 @@ class Update:
                 tokens,
             )
         )
+
+    def _fenced(self, marker_revision: int, kv: KeyValue | None) -> Step:
+        """The marker moved to a fence at ``marker_revision``: nothing in doubt any more."""
+        self.marker_revision, self._in_doubt, self.known = marker_revision, False, kv
+        return self._attempt()
 
     def _landed(self, found: KeyValue) -> Done:
         self.marker_revision = found.mod_revision

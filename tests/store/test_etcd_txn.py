@@ -60,7 +60,8 @@ class ModelEtcd:
     revision: int = 1
     leases: set[int] = field(default_factory=lambda: {SESSION, KEY_LEASE})
     applied: list[tuple[bytes | None, bytes]] = field(default_factory=list)
-    """(key before, key after) of each transaction that wrote the marker (an applied update)."""
+    """(key before, key after) of each transaction that wrote the key and the marker (an applied
+    update; a fence writes the marker alone)."""
 
     def holds(self, compare: ModRevisionIs | ValueIs) -> bool:
         kv = self.kvs.get(compare.key)
@@ -85,7 +86,7 @@ class ModelEtcd:
         revision = self.revision + 1 if puts else self.revision
         result = self._run(txn, revision)
         self.revision = revision
-        if any(put.key == MARKER for put in puts):
+        if {MARKER, KEY} <= {put.key for put in puts}:
             self.applied.append((before.value if before else None, self.kvs[KEY].value))
         return result
 
@@ -327,6 +328,45 @@ def test_a_marker_gone_with_the_lease_while_a_copy_was_in_flight_is_unknown() ->
     assert isinstance(retry, Send)
     assert update.received(etcd.txn(retry.txn)) == Unknown()
     assert etcd.applied == [(None, b"1")]
+
+
+def test_a_copy_landing_between_the_marker_and_the_key_read_is_found_by_the_fence() -> None:
+    """A compare_set lost in flight, found not landed by its marker, lands before the key is
+    read: the key then holds the desired value, so the change declines. Stopping there would
+    say "not applied" of an applied update (hypothesis found this); the update fences instead,
+    and the fence's failure shows the attempt's token: applied, once."""
+    etcd = ModelEtcd()
+    etcd.write(KEY, b"5")
+    update = update_of(etcd, swap(b"5", b"6"), etcd.kvs[KEY])
+    first = update.start()
+    assert isinstance(first, Send)
+    assert answer(etcd, update, answer(etcd, update, update.reply_lost())) == ReadKey(KEY)
+    etcd.txn(first.txn)  # the lost copy lands now
+    fence = update.key_read(etcd.kvs.get(KEY))
+    assert isinstance(fence, Send)  # not Done(None, b"6")
+    assert update.received(etcd.txn(fence.txn)) == Done(b"6", b"6")
+    assert etcd.applied == [(b"5", b"6")]
+
+
+def test_a_fence_keeps_a_lost_copy_from_landing_after_a_declined_change() -> None:
+    """Once the fence moved the marker, a copy of the lost attempt still in flight cannot land:
+    "not applied" stays true. A fence whose own reply is lost is found by its token."""
+    etcd = ModelEtcd()
+    etcd.write(KEY, b"9")
+    update = update_of(etcd, swap(b"9", b"6"), etcd.kvs[KEY])
+    first = update.start()
+    assert isinstance(first, Send)
+    assert answer(etcd, update, answer(etcd, update, update.reply_lost())) == ReadKey(KEY)
+    etcd.write(KEY, b"7")  # another client: the change now declines
+    fence = update.key_read(etcd.kvs.get(KEY))
+    assert isinstance(fence, Send)
+    etcd.txn(fence.txn)  # the fence lands; its reply is lost
+    assert update.reply_lost() == ReadMarker(MARKER)
+    assert update.marker_read(etcd.kvs[MARKER]) == ReadKey(KEY)
+    assert update.key_read(etcd.kvs.get(KEY)) == Done(None, b"7")
+    etcd.txn(first.txn)  # the copy still in flight lands now: refused by the marker
+    assert etcd.applied == []
+    assert etcd.kvs[KEY].value == b"7"
 
 
 def test_chain_applies_the_change_until_it_declines() -> None:
