@@ -263,6 +263,11 @@ async def test_gloo_survivors_leave_a_collective_with_a_partitioned_peer(
         assert in_smaller - set(survivors.values()), job.consoles()
 
 
+WITHIN = 45
+"""Each wait of the re-rendezvous test: well inside pytest-timeout's 120 s, so a failure is a
+clean one (an alarm that interrupts the event loop can leave the namespaces' teardown hung)."""
+
+
 async def test_a_survivor_cut_off_while_it_re_rendezvouses_fences_its_workers() -> None:
     """Three hosts, exactly three nodes wanted (``--nnodes 3``): host 1's agent is killed, so
     hosts 0 and 2 re-rendezvous with their workers running and wait there for a third node.
@@ -299,15 +304,15 @@ async def test_a_survivor_cut_off_while_it_re_rendezvouses_fences_its_workers() 
 async def check_fenced_while_joining(job: Job) -> None:
     net, records = job.net, job.collector
     a, b, c = net.hosts
-    first = await records.wait_for(lambda: records.world(net.hosts))
+    first = await records.wait_for(lambda: records.world(net.hosts), within=WITHIN)
     killed_at = time.time()
     job.agent(b).process.kill()
-    await job.wait_said(c, "joining rendezvous", after=killed_at)
-    await records.wait_for(lambda: records.world([a, c]))  # the world of 2 goes on meanwhile
+    await job.wait_said(c, "joining rendezvous", after=killed_at, within=WITHIN)
+    await records.wait_for(lambda: records.world([a, c]), within=WITHIN)  # goes on meanwhile
     cut_at = time.time()
     await net.cut(c)
-    fenced_at = await job.wait_said(c, "fenced while re-rendezvousing", after=cut_at)
+    fenced_at = await job.wait_said(c, "fenced while re-rendezvousing", after=cut_at, within=WITHIN)
     worker = next(w for w in records.workers if w.host == c.addr and w.round > first[0].round)
-    await records.wait_for(lambda: worker.ended is not None)
+    await records.wait_for(lambda: worker.ended is not None, within=WITHIN)
     assert fenced_at - cut_at <= HEARTBEAT + SLACK, job.consoles()
     assert "killing the workers (SIGKILL)" in job.agent(c).console
