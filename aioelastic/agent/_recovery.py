@@ -33,7 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -66,7 +66,6 @@ from aioelastic.worker._abort import (
     ABORT_FD_ENV,
     AbortLines,
     AbortOutcome,
-    AbortProtocolError,
     AbortReply,
     AbortRequest,
     encode_abort,
@@ -76,6 +75,7 @@ from aioelastic.worker._protocol import (
     Enter,
     Hello,
     LineDecoder,
+    Lines,
     LinkProtocolError,
     Message,
     NoMoreWorlds,
@@ -87,6 +87,8 @@ from aioelastic.worker._protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
+_M = TypeVar("_M")
 
 
 def encode_generation(machine: g.GenerationMachine, pids: Mapping[g.WorkerKey, int]) -> bytes:
@@ -653,12 +655,35 @@ class InPlaceGroup(WorkerGroup):
         tell.send_nowait(_Exit(key))
 
     async def _read_link(self, key: g.WorkerKey, scope: anyio.CancelScope) -> None:
-        link, decoder = self._linked[key].link, LineDecoder()
+        def heard(message: Message) -> None:
+            self._tell.send_nowait(_Said(key, message))
+
+        await self._read_lines(key, self._linked[key].link, LineDecoder(), heard, "link", scope)
+
+    async def _read_abort_answers(self, key: g.WorkerKey, scope: anyio.CancelScope) -> None:
+        def heard(message: AbortRequest | AbortReply) -> None:
+            if isinstance(message, AbortReply):
+                self._tell.send_nowait(_Answered(key, message))
+
+        sock = self._linked[key].abort
+        await self._read_lines(key, sock, AbortLines(), heard, "abort answers", scope)
+
+    @staticmethod
+    async def _read_lines(
+        key: g.WorkerKey,
+        sock: socket.socket,
+        lines: Lines[_M],
+        heard: Callable[[_M], None],
+        what: str,
+        scope: anyio.CancelScope,
+    ) -> None:
+        """Hand each message ``sock`` brings to ``heard`` until the worker's end closes (or
+        speaks another protocol: then it is ignored)."""
         with scope:
             while True:
-                await anyio.wait_readable(link)
+                await anyio.wait_readable(sock)
                 try:
-                    data = link.recv(65536)
+                    data = sock.recv(65536)
                 except BlockingIOError:
                     continue
                 except OSError:
@@ -666,34 +691,12 @@ class InPlaceGroup(WorkerGroup):
                 if not data:
                     return  # the worker (and whatever inherited its end) exited
                 try:
-                    messages = decoder.feed(data)
-                except LinkProtocolError as exc:
-                    logger.warning("worker %s: %s; its link is ignored from now on", key, exc)
-                    return
-                for message in messages:
-                    self._tell.send_nowait(_Said(key, message))
-
-    async def _read_abort_answers(self, key: g.WorkerKey, scope: anyio.CancelScope) -> None:
-        sock, lines = self._linked[key].abort, AbortLines()
-        with scope:
-            while True:
-                await anyio.wait_readable(sock)
-                try:
-                    data = sock.recv(4096)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    return
-                if not data:
-                    return
-                try:
                     messages = lines.feed(data)
-                except AbortProtocolError as exc:
-                    logger.warning("worker %s: %s; its abort answers are ignored", key, exc)
+                except LinkProtocolError as exc:
+                    logger.warning("worker %s: %s; ignoring its %s from now on", key, exc, what)
                     return
                 for message in messages:
-                    if isinstance(message, AbortReply):
-                        self._tell.send_nowait(_Answered(key, message))
+                    heard(message)
 
 
 # -- many nodes -------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from aioelastic.worker._protocol import Lines, LinkProtocolError
+
 logger = logging.getLogger("aioelastic.worker")
 
 ABORT_FD_ENV = "AIOELASTIC_ABORT_FD"
@@ -84,7 +86,7 @@ class AbortReply:
     detail: str
 
 
-class AbortProtocolError(ValueError):
+class AbortProtocolError(LinkProtocolError, ValueError):
     """A line on the abort socket is not a message of it (the message shows the bytes)."""
 
 
@@ -112,18 +114,11 @@ def decode_abort(line: bytes) -> AbortRequest | AbortReply:
         raise AbortProtocolError(f"not an abort message: {line[:80]!r} ({exc})") from None
 
 
-class AbortLines:
+class AbortLines(Lines[AbortRequest | AbortReply]):
     """Splits the abort socket's bytes into messages."""
 
     def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> list[AbortRequest | AbortReply]:
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        if len(self._buffer) > MAX_LINE:
-            raise AbortProtocolError(f"a line longer than {MAX_LINE} bytes")
-        return [decode_abort(line) for line in lines if line]
+        super().__init__(decode_abort, AbortProtocolError, MAX_LINE)
 
 
 # -- which sockets are the process group's --------------------------------------------------------

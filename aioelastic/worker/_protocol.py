@@ -11,8 +11,9 @@ no I/O here; both sides frame with :class:`LineDecoder`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 WORKER_FD_ENV = "AIOELASTIC_WORKER_FD"
 """The environment variable naming the worker's end of its link to the agent."""
@@ -87,6 +88,8 @@ class NoMoreWorlds:
 
 
 Message = Hello | Enter | Trouble | WorldAssigned | WorldEnded | StillValid | NoMoreWorlds
+M = TypeVar("M")
+
 _KINDS: dict[str, type[Message]] = {
     cls.__name__: cls
     for cls in (Hello, Enter, Trouble, WorldAssigned, WorldEnded, StillValid, NoMoreWorlds)
@@ -111,16 +114,34 @@ def decode(line: bytes) -> Message:
         raise LinkProtocolError(f"not a message of the agent-worker link: {line[:80]!r}") from exc
 
 
-class LineDecoder:
-    """Splits a byte stream into messages."""
+class Lines(Generic[M]):
+    """Splits a byte stream into newline-framed messages, each read by ``decode_line``.
 
-    def __init__(self) -> None:
+    A line longer than ``max_line`` raises ``error``: the peer is not speaking the protocol.
+    """
+
+    def __init__(
+        self,
+        decode_line: Callable[[bytes], M],
+        error: type[LinkProtocolError] = LinkProtocolError,
+        max_line: int = MAX_LINE,
+    ) -> None:
+        self._decode_line = decode_line
+        self._error = error
+        self._max_line = max_line
         self._buffer = b""
 
-    def feed(self, data: bytes) -> list[Message]:
+    def feed(self, data: bytes) -> list[M]:
         """Add received bytes; return the complete messages among them, in order."""
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
-        if len(self._buffer) > MAX_LINE:
-            raise LinkProtocolError(f"a line longer than {MAX_LINE} bytes")
-        return [decode(line) for line in lines if line]
+        if len(self._buffer) > self._max_line:
+            raise self._error(f"a line longer than {self._max_line} bytes")
+        return [self._decode_line(line) for line in lines if line]
+
+
+class LineDecoder(Lines[Message]):
+    """Splits the agent-worker link's bytes into messages."""
+
+    def __init__(self) -> None:
+        super().__init__(decode)
