@@ -20,23 +20,59 @@ K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
 
-class _Pending:
-    __slots__ = ("amount", "done", "error", "result")
+class _Entry:
+    """One call waiting in a batch: done once a batch answered it (a result or an error)."""
 
-    def __init__(self, amount: int) -> None:
-        self.amount = amount
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
         self.done = False
         self.result = 0
         self.error: BaseException | None = None
 
 
-class AddCombiner:
-    """Combines the concurrent adds to one key; ``users`` counts the calls inside."""
+E = TypeVar("E", bound=_Entry)
+
+
+class _Batches(Generic[E]):
+    """The queue and lock of a combiner; ``users`` counts the calls inside."""
 
     def __init__(self) -> None:
         self._lock = anyio.Lock()
-        self._queue: list[_Pending] = []
+        self._queue: list[E] = []
         self.users = 0
+
+    async def _join(self, entry: E, serve: Callable[[], Awaitable[None]]) -> int:
+        """Queue ``entry``; whoever holds the lock runs ``serve()`` (a batch of the queue) until
+        ``entry`` is answered; its result (or its error, raised). An entry cancelled while
+        queued leaves the queue: it was never sent."""
+        self._queue.append(entry)
+        self.users += 1
+        try:
+            async with self._lock:
+                while not entry.done:
+                    await serve()
+        except BaseException:
+            if entry in self._queue:
+                self._queue.remove(entry)
+            raise
+        finally:
+            self.users -= 1
+        if entry.error is not None:
+            raise entry.error
+        return entry.result
+
+
+class _Pending(_Entry):
+    __slots__ = ("amount",)
+
+    def __init__(self, amount: int) -> None:
+        super().__init__()
+        self.amount = amount
+
+
+class AddCombiner(_Batches[_Pending]):
+    """Combines the concurrent adds to one key; ``users`` counts the calls inside."""
 
     async def add(
         self,
@@ -51,21 +87,7 @@ class AddCombiner:
         queued is taken out of the queue (its add is never applied).
         """
         entry = _Pending(amount)
-        self._queue.append(entry)
-        self.users += 1
-        try:
-            async with self._lock:
-                if not entry.done:
-                    await self._write_batch(entry, apply, unknown)
-        except BaseException:
-            if entry in self._queue:  # cancelled before any batch took it: it was never sent
-                self._queue.remove(entry)
-            raise
-        finally:
-            self.users -= 1
-        if entry.error is not None:
-            raise entry.error
-        return entry.result
+        return await self._join(entry, lambda: self._write_batch(entry, apply, unknown))
 
     async def _write_batch(
         self,
@@ -89,19 +111,17 @@ class AddCombiner:
             pending.result, pending.done = running, True
 
 
-class CountedWrite:
+class CountedWrite(_Entry):
     """One ``multi_set_and_count`` call waiting in a :class:`CountedWrites` batch."""
 
-    __slots__ = ("done", "error", "puts", "result")
+    __slots__ = ("puts",)
 
     def __init__(self, puts: dict[bytes, bytes]) -> None:
+        super().__init__()
         self.puts = puts
-        self.done = False
-        self.result = 0
-        self.error: BaseException | None = None
 
 
-class CountedWrites:
+class CountedWrites(_Batches[CountedWrite]):
     """Combines concurrent counted writes under one prefix into one transaction.
 
     Whoever holds the lock sends the queued writes in one batch: each write's puts, then a
@@ -113,10 +133,8 @@ class CountedWrites:
     """
 
     def __init__(self, limit: int) -> None:
-        self._lock = anyio.Lock()
-        self._queue: list[CountedWrite] = []
+        super().__init__()
         self._limit = limit
-        self.users = 0
 
     async def write(
         self,
@@ -124,22 +142,7 @@ class CountedWrites:
         send: Callable[[list[CountedWrite]], Awaitable[list[int]]],
     ) -> int:
         """Write ``puts`` and return the count; ``send(batch)`` returns the batch's counts."""
-        entry = CountedWrite(puts)
-        self._queue.append(entry)
-        self.users += 1
-        try:
-            async with self._lock:
-                while not entry.done:
-                    await self._send_batch(send)
-        except BaseException:
-            if entry in self._queue:
-                self._queue.remove(entry)
-            raise
-        finally:
-            self.users -= 1
-        if entry.error is not None:
-            raise entry.error
-        return entry.result
+        return await self._join(CountedWrite(puts), lambda: self._send_batch(send))
 
     def _take_batch(self) -> list[CountedWrite]:
         batch: list[CountedWrite] = []
