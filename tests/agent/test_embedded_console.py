@@ -17,7 +17,8 @@ from tests.agent.conftest import BOUND, Console
 
 pytestmark = pytest.mark.anyio
 
-SAY = "import os; print('hello from', os.environ['RANK'], flush=True)"
+SAY = "import os; os.write(1, f\"hello from {os.environ['RANK']}\\n\".encode())"
+"""One write a line: two workers sharing a console must not interleave inside a line."""
 
 
 @pytest.fixture
