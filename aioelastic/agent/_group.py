@@ -274,8 +274,12 @@ class WorkerGroup:
         out_plan, err_plan = plan_streams(  # one shown as another keeps its files apart too
             spec.logs, ranks.local_rank, self._attempt_dir, directory=shown_as and tag
         )
-        laid_out = self._laid_out().get(ranks.local_rank) if spec.logs.layout else None
-        if laid_out is not None:  # a torch LogsSpecs decided (--logs-specs)
+        # A torch LogsSpecs (--logs-specs) lays out files by local rank; a spare holds none,
+        # so its output goes where --redirects/--tee say, never into a rank's files.
+        laid_out = None
+        if spec.logs.layout is not None and shown_as is None:
+            laid_out = self._laid_out().get(ranks.local_rank)
+        if laid_out is not None:
             out_plan, err_plan = laid_out.stdout, laid_out.stderr
             if laid_out.error_file is not None:
                 error_file = Path(laid_out.error_file)

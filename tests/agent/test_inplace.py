@@ -238,3 +238,35 @@ async def test_the_same_script_runs_under_restart_recovery() -> None:
     assert status == 0, run
     assert set(members(run.out.text, 1)) == {0, 1}
     assert check_every_sum(run.out.text) == {1: 6}
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+async def test_a_spare_stays_out_of_the_files_a_logs_specs_lays_out(tmp_path: Path) -> None:
+    """Under --logs-specs, each rank's file holds only its own worker's lines: a spare (which
+    holds no rank) writes to the console, not into slot 0's file."""
+    from tests.agent.test_torchrun_parity import install_logs_specs_plugin
+
+    env = install_logs_specs_plugin(tmp_path)
+    logs, finish = tmp_path / "logs", tmp_path / "finish"
+    argv = [*IN_PLACE, "--nproc-per-node", "2", "--spares", "1"]
+    argv += ["--logs-specs", "flat", "--log-dir", str(logs)]
+    files = [logs / f"rank{rank}-attempt0.out" for rank in range(2)]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, PLAIN_WORKER, "--exit-when", str(finish), env=env) as run:
+            await run.err.wait_for("started a spare worker")
+            spare = spares_started(run.err.text)[0]
+
+            def settled() -> bool:  # both ranks in their world, the spare asking somewhere
+                shown = [f.read_text() if f.exists() else "" for f in files]
+                spoke = f"asking pid {spare}" in run.out.text + shown[0]
+                return spoke and all("gen 1 rank" in text for text in shown)
+
+            while not settled():  # noqa: ASYNC110 (files give no change notice to wait on)
+                await anyio.sleep(0.05)
+            finish.write_text("")
+            assert await run.wait() == 0, run
+    assert f"asking pid {spare}" in run.out.text
+    for rank, file in enumerate(files):
+        asked = re.findall(r"asking pid (\d+)", file.read_text())
+        assert asked == [str(members_plain(file.read_text(), 1)[rank])], file.read_text()
