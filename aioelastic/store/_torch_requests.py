@@ -1,25 +1,32 @@
 """Torch's ``TCPStore`` requests as typed values, one class per :class:`TorchOp`.
 
-:func:`typed_request` turns what the codec decoded (:class:`~._torch_codec.TorchRequest`, an op
-and its untyped fields) into one of these; their fields are named and typed, and their keys
-are already store keys (torch's client puts ``/`` in front of every key it sends: that one
-leading ``/`` is removed, so torch's ``set("k")`` is our ``get("k")``). The torch session's
-dispatch table (:mod:`._torch_session`) is keyed by these classes, as the TCP session's is by
-those of :mod:`._tcp_requests`. They are named tuples: one is built per request, on the hot
-path, and a tuple is the cheapest immutable value to build.
+:func:`typed_decoder` decodes a torch client's stream straight into these (:data:`CLASSES`
+says which class each op builds); :func:`typed_request` turns an untyped
+:class:`~._torch_codec.TorchRequest` (an op and its fields, as tests and tools write them)
+into the same. Their fields are named and typed, and their keys are already store keys
+(torch's client puts ``/`` in front of every key it sends: that one leading ``/`` is removed,
+so torch's ``set("k")`` is our ``get("k")``). The torch session's dispatch table
+(:mod:`._torch_session`) is keyed by these classes, as the TCP session's is by those of
+:mod:`._tcp_requests`. They are named tuples: one is built per request, on the hot path, and a
+tuple is the cheapest immutable value to build.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
-from aioelastic.store._torch_codec import TorchOp, TorchRequest
-
-
-def store_key(wire_key: str) -> str:
-    """The store key for a key as torch's client sends it (its leading ``/`` removed)."""
-    return wire_key[1:] if wire_key.startswith("/") else wire_key
+from aioelastic.store._torch_codec import (
+    DEFAULT_MAX_KEY_SIZE,
+    DEFAULT_MAX_KEYS,
+    DEFAULT_MAX_VALUE_SIZE,
+    REQUEST_LAYOUT,
+    TorchDecoder,
+    TorchField,
+    TorchOp,
+    TorchRequest,
+    store_key,
+)
 
 
 class TorchValidate(NamedTuple):
@@ -129,42 +136,63 @@ AnyTorchRequest = (
 )
 
 
-def _keyed(cls: Callable[..., AnyTorchRequest]) -> Callable[..., AnyTorchRequest]:
-    """The builder of a request whose first field is one key."""
-
-    def build(key: str, *rest: object) -> AnyTorchRequest:
-        return cls(store_key(key), *rest)
-
-    return build
-
-
 def _multi_set(pairs: list[tuple[str, bytes]]) -> TorchMultiSet:
-    return TorchMultiSet([store_key(key) for key, _ in pairs], [value for _, value in pairs])
+    return TorchMultiSet([key for key, _ in pairs], [value for _, value in pairs])
 
 
-BUILDERS: dict[TorchOp, Callable[..., AnyTorchRequest]] = {
+CLASSES: dict[TorchOp, Callable[..., AnyTorchRequest]] = {
     TorchOp.VALIDATE: TorchValidate,
-    TorchOp.SET: _keyed(TorchSet),
-    TorchOp.COMPARE_SET: _keyed(TorchCompareSet),
-    TorchOp.GET: _keyed(TorchGet),
-    TorchOp.ADD: _keyed(TorchAdd),
-    TorchOp.CHECK: lambda keys: TorchCheck([store_key(key) for key in keys]),
-    TorchOp.WAIT: lambda keys: TorchWait([store_key(key) for key in keys]),
+    TorchOp.SET: TorchSet,
+    TorchOp.COMPARE_SET: TorchCompareSet,
+    TorchOp.GET: TorchGet,
+    TorchOp.ADD: TorchAdd,
+    TorchOp.CHECK: TorchCheck,
+    TorchOp.WAIT: TorchWait,
     TorchOp.GETNUMKEYS: TorchNumKeys,
-    TorchOp.DELETE_KEY: _keyed(TorchDeleteKey),
-    TorchOp.APPEND: _keyed(TorchAppend),
-    TorchOp.MULTI_GET: lambda keys: TorchMultiGet([store_key(key) for key in keys]),
+    TorchOp.DELETE_KEY: TorchDeleteKey,
+    TorchOp.APPEND: TorchAppend,
+    TorchOp.MULTI_GET: TorchMultiGet,
     TorchOp.MULTI_SET: _multi_set,
     TorchOp.CANCEL_WAIT: TorchCancelWait,
     TorchOp.PING: TorchPing,
-    TorchOp.QUEUE_PUSH: _keyed(TorchQueuePush),
-    TorchOp.QUEUE_POP: _keyed(TorchQueuePop),
-    TorchOp.QUEUE_LEN: _keyed(TorchQueueLen),
+    TorchOp.QUEUE_PUSH: TorchQueuePush,
+    TorchOp.QUEUE_POP: TorchQueuePop,
+    TorchOp.QUEUE_LEN: TorchQueueLen,
     TorchOp.LIST_KEYS: TorchListKeys,
 }
-"""How each :class:`TorchOp`'s decoded fields (in the codec's layout order) become its request."""
+"""The request each :class:`TorchOp` builds from its decoded fields (in the codec's layout
+order, keys already store keys)."""
+
+
+def typed_decoder(
+    *,
+    max_key_size: int = DEFAULT_MAX_KEY_SIZE,
+    max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
+    max_keys: int = DEFAULT_MAX_KEYS,
+) -> TorchDecoder[AnyTorchRequest]:
+    """A decoder of a torch client's stream into these requests, keys as store keys."""
+    return TorchDecoder(
+        max_key_size=max_key_size,
+        max_value_size=max_value_size,
+        max_keys=max_keys,
+        build=CLASSES,
+        store_keys=True,
+    )
+
+
+def _store_field(code: str, field: TorchField) -> TorchField:
+    if code == "k":
+        assert isinstance(field, str)
+        return store_key(field)
+    if code == "K":
+        return [store_key(key) for key in cast(list[str], field)]
+    if code == "P":
+        return [(store_key(key), value) for key, value in cast(list[tuple[str, bytes]], field)]
+    return field
 
 
 def typed_request(request: TorchRequest) -> AnyTorchRequest:
-    """The typed request of a decoded one."""
-    return BUILDERS[request.op](*request.fields)
+    """The typed request of an untyped one (its keys as torch's client sends them)."""
+    layout = REQUEST_LAYOUT[request.op]
+    fields = [_store_field(code, field) for code, field in zip(layout, request.fields, strict=True)]
+    return CLASSES[request.op](*fields)

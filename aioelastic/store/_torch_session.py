@@ -57,7 +57,6 @@ from aioelastic.store._torch_codec import (
     STOP_WAITING,
     VALIDATION_MAGIC,
     WAIT_CANCELED,
-    TorchDecoder,
     TorchOp,
     encode_i64,
     encode_keys,
@@ -67,7 +66,6 @@ from aioelastic.store._torch_codec import (
     encode_values,
 )
 from aioelastic.store._torch_requests import (
-    BUILDERS,
     AnyTorchRequest,
     TorchAdd,
     TorchAppend,
@@ -87,6 +85,7 @@ from aioelastic.store._torch_requests import (
     TorchSet,
     TorchValidate,
     TorchWait,
+    typed_decoder,
 )
 
 log = logging.getLogger("aioelastic.store.torch")
@@ -125,8 +124,11 @@ class TorchQueues:
     def length(self, name: str) -> int:
         return len(self._items.get(name, ()))
 
-    def nonempty(self, name: str) -> bool:
-        return bool(self._items.get(name))
+    def missing(self, names: list[str]) -> list[str]:
+        """The names of ``names`` that are not a non-empty queue (all of them, at once, when
+        there are no queues: the usual case)."""
+        items = self._items
+        return [name for name in names if not items.get(name)] if items else names
 
     def watch(self, names: Sequence[str]) -> anyio.Event:
         """Return an event set by the next push to any of ``names``."""
@@ -229,7 +231,7 @@ class TorchSession:
         self.peer = peer
         self.send = send
         self.hangup = hangup
-        self.decoder = TorchDecoder(
+        self.decoder = typed_decoder(
             max_key_size=service.max_key_size,
             max_value_size=service.max_value_size,
             max_keys=service.max_keys,
@@ -265,28 +267,32 @@ class TorchSession:
         if self.closed or self._drop_reason is not None:
             return b""
         decoder = self.decoder
+        requests = decoder.feed(data)
+        if not self.validated and requests:
+            first = requests[0]
+            if not isinstance(first, TorchValidate) or first.magic != VALIDATION_MAGIC:
+                self._queue_drop(
+                    "the first request must be VALIDATE with torch's magic number, not "
+                    f"{_op_name(first)} {first!r}"
+                )
+                return b""
+            self.validated = True
+            del requests[0]
         replies: list[bytes] = []
-        for decoded in decoder.feed(data):
-            if not self.validated:
-                if decoded.op is not TorchOp.VALIDATE or decoded.fields[0] != VALIDATION_MAGIC:
-                    self._queue_drop(
-                        f"the first request must be VALIDATE with torch's magic number, not "
-                        f"{decoded.op.name} {decoded.fields!r}"
-                    )
-                    break
-                self.validated = True
-                continue
-            request = BUILDERS[decoded.op](*decoded.fields)
-            if not self._queued and (answer := self._now.get(type(request))) is not None:
+        now = self._now
+        answered = 0
+        for request in requests:
+            if not self._queued and (answer := now.get(type(request))) is not None:
                 try:
                     reply = answer(request)
                 except (StoreError, ValueError, TypeError, OverflowError) as error:
-                    self._drop(f"{decoded.op.name} failed: {error}")
+                    self.service._requests += answered
+                    self._drop(f"{_op_name(request)} failed: {error}")
                     return b""
-                if not isinstance(reply, _Later):
-                    self.service._requests += 1
+                if reply is not LATER:
+                    answered += 1
                     if reply is not None:
-                        replies.append(reply)
+                        replies.append(reply)  # type: ignore[arg-type]
                     continue
             if isinstance(request, TorchWait):
                 self._waits_queued += 1
@@ -294,6 +300,7 @@ class TorchSession:
                 self._cancel_current_wait()
             self._queued += 1
             self._inbox_send.send_nowait(request)
+        self.service._requests += answered
         if decoder.error is not None:
             self._queue_drop(decoder.error.reason)
         return replies[0] if len(replies) == 1 else b"".join(replies)
@@ -345,10 +352,9 @@ class TorchSession:
 
     # -- what needs the session: presence (keys or queues) and the wait -------------------
 
-    async def present(self, keys: Sequence[str]) -> bool:
+    async def present(self, keys: list[str]) -> bool:
         """Whether every key exists, as a key or as a non-empty queue (torch's CHECK)."""
-        queues = self.queues
-        missing = [key for key in keys if not queues.nonempty(key)]
+        missing = self.queues.missing(keys)
         return not missing or await self.store.check(missing)
 
     async def wait(self, request: TorchWait) -> bytes | None:
@@ -374,7 +380,7 @@ class TorchSession:
         """Return once every key exists as a key or a non-empty queue; no polling."""
         queues, store = self.queues, self.store
         while True:
-            missing = [key for key in keys if not queues.nonempty(key)]
+            missing = queues.missing(keys)
             pushed = queues.watch(missing)  # before the check, so no push slips between
             try:
                 if not missing or await store.check(missing):
@@ -436,8 +442,8 @@ async def _at_once(answer: Callable[[Any], bytes | None], request: object) -> by
 # -- at once, on the server's own MemoryStore --------------------------------------------------
 
 
-def _present_now(memory: MemoryStore, queues: TorchQueues, keys: Sequence[str]) -> bool:
-    missing = [key for key in keys if not queues.nonempty(key)]
+def _present_now(memory: MemoryStore, queues: TorchQueues, keys: list[str]) -> bool:
+    missing = queues.missing(keys)
     return not missing or memory.check_nowait(missing)
 
 

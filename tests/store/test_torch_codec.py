@@ -14,6 +14,7 @@ from aioelastic.store._torch_codec import (
     TorchOp,
     TorchProtocolError,
     TorchRequest,
+    _unknown,
     encode_i64,
     encode_keys,
     encode_queue_pop,
@@ -21,6 +22,7 @@ from aioelastic.store._torch_codec import (
     encode_values,
     looks_like_torch,
 )
+from aioelastic.store._torch_requests import typed_decoder, typed_request
 
 _FIELDS: dict[str, st.SearchStrategy[object]] = {
     "k": st.text(max_size=20),
@@ -161,3 +163,63 @@ def test_first_byte_tells_torch_from_ours() -> None:
     assert looks_like_torch(bytes.fromhex("00cef7853c"))
     assert not looks_like_torch(b"AIOESTORE\x00\x02")
     assert not looks_like_torch(b"")
+
+
+def _reference(**limits: int) -> TorchDecoder[TorchRequest]:
+    """A decoder that parses every request with the reference parser only."""
+    decoder = TorchDecoder(**limits)
+    decoder._readers = [_unknown] * 256
+    return decoder
+
+
+def _outcome(decoder: TorchDecoder[object], chunks: list[bytes]) -> tuple[object, ...]:
+    decoded = [request for chunk in chunks for request in decoder.feed(chunk)]
+    error = None if decoder.error is None else decoder.error.reason
+    return decoded, decoder.buffered, error
+
+
+def _near_valid_stream() -> st.SearchStrategy[bytes]:
+    """Valid request streams, some with one byte changed or cut short, and plain bytes."""
+
+    def mutate(data: bytes, where: int, value: int, cut: bool) -> bytes:
+        if not data:
+            return data
+        where %= len(data)
+        return data[:where] if cut else data[:where] + bytes([value]) + data[where + 1 :]
+
+    streams = st.lists(_requests, min_size=1, max_size=3).map(
+        lambda requests: b"".join(encode_request(request) for request in requests)
+    )
+    return st.one_of(
+        st.binary(max_size=80),
+        streams,
+        st.builds(mutate, streams, st.integers(0, 300), st.integers(0, 255), st.booleans()),
+    )
+
+
+_SMALL_LIMITS = {"max_key_size": 12, "max_value_size": 16, "max_keys": 3}
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_near_valid_stream(), st.lists(st.integers(min_value=0), max_size=3), st.booleans())
+def test_compiled_readers_agree_with_the_reference_parser(
+    data: bytes, cuts: list[int], small: bool
+) -> None:
+    """Any stream, in any split, decodes (or fails, with the same reason, or waits for the
+    same bytes) as the reference parser alone says, under the default and small limits."""
+    limits = _SMALL_LIMITS if small else {}
+    chunks = _split(data, cuts)
+    assert _outcome(TorchDecoder(**limits), chunks) == _outcome(_reference(**limits), chunks)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_near_valid_stream(), st.lists(st.integers(min_value=0), max_size=3))
+def test_typed_decoding_is_typed_request_of_plain_decoding(data: bytes, cuts: list[int]) -> None:
+    """Decoding straight into typed requests (keys as store keys) gives what typed_request
+    makes of the plain requests, with the same error and the same bytes left over."""
+    chunks = _split(data, cuts)
+    plain = TorchDecoder(**_SMALL_LIMITS)
+    typed = typed_decoder(**_SMALL_LIMITS)
+    expected, buffered, error = _outcome(plain, chunks)
+    assert isinstance(expected, list)
+    assert _outcome(typed, chunks) == ([typed_request(r) for r in expected], buffered, error)
