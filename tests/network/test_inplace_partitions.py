@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -68,35 +69,43 @@ async def etcd_leader(net: Network) -> int | None:
     return int(leaders[0]) if leaders else None
 
 
-@pytest.fixture(params=["c10d", "etcd"])
-async def job(request: pytest.FixtureRequest) -> AsyncIterator[Job]:
+@asynccontextmanager
+async def in_place_job(script: str, backend: str, nnodes: str) -> AsyncIterator[Job]:
     """Three hosts, a collector (in a short directory: UNIX socket paths are short) and an
-    in-place job over c10d (the store on host 0) or a 3-member etcd (a member per host)."""
-    backend = request.param
+    in-place job of ``script``, one worker a host, over c10d (the store on host 0) or a
+    3-member etcd (a member per host); stopped and removed on the way out."""
     workdir = Path(tempfile.mkdtemp(prefix="aioe-"))
     collector = Collector(workdir / "records.sock")
     try:
         async with Network(3) as net, anyio.create_task_group() as tg:
             await tg.start(collector.serve)
             job = Job(net, workdir, collector)
-            script = workdir / "inplace_worker.py"
-            script.write_text(IN_PLACE_WORKER)
-            endpoint = await job.endpoint(backend, net.hosts)
+            path = workdir / "worker.py"
+            path.write_text(script)
             await job.start(
                 tg,
                 net.hosts,
                 backend=backend,
-                endpoint=endpoint,
+                endpoint=await job.endpoint(backend, net.hosts),
                 conf=CONF,
-                nnodes="2:3",
+                nnodes=nnodes,
                 options=("--recovery", "in-place"),
-                script=script,
+                script=path,
             )
-            yield job
-            await job.stop()
-            tg.cancel_scope.cancel()
+            try:
+                yield job
+            finally:
+                await job.stop()
+                tg.cancel_scope.cancel()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(params=["c10d", "etcd"])
+async def job(request: pytest.FixtureRequest) -> AsyncIterator[Job]:
+    """An in-place job of :data:`IN_PLACE_WORKER` over c10d or etcd, 2 to 3 nodes."""
+    async with in_place_job(IN_PLACE_WORKER, request.param, "2:3") as job:
+        yield job
 
 
 async def test_survivors_keep_their_processes_through_another_hosts_partition(job: Job) -> None:
@@ -186,29 +195,8 @@ async def gloo_job(
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")  # the hosts share a host name: use eth0
     if not abort:
         monkeypatch.setenv(ABORT_SWITCH_ENV, "0")
-    workdir = Path(tempfile.mkdtemp(prefix="aioe-"))
-    collector = Collector(workdir / "records.sock")
-    try:
-        async with Network(3) as net, anyio.create_task_group() as tg:
-            await tg.start(collector.serve)
-            job = Job(net, workdir, collector)
-            script = workdir / "gloo_worker.py"
-            script.write_text(GLOO_WORKER)
-            await job.start(
-                tg,
-                net.hosts,
-                backend="c10d",
-                endpoint=await job.endpoint("c10d", net.hosts),
-                conf=CONF,
-                nnodes="2:3",
-                options=("--recovery", "in-place"),
-                script=script,
-            )
-            yield job, abort
-            await job.stop()
-            tg.cancel_scope.cancel()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    async with in_place_job(GLOO_WORKER, "c10d", "2:3") as job:
+        yield job, abort
 
 
 def sums(console: str) -> list[tuple[int, int]]:
@@ -274,31 +262,8 @@ async def test_a_survivor_cut_off_while_it_re_rendezvouses_fences_its_workers() 
     Host 2 is then cut off: no liveness renewal is acknowledged, so it fences its worker while
     still joining (its ranks may be taken by others), instead of running on as a rank of a
     world nobody else is in."""
-    workdir = Path(tempfile.mkdtemp(prefix="aioe-"))
-    collector = Collector(workdir / "records.sock")
-    try:
-        async with Network(3) as net, anyio.create_task_group() as tg:
-            await tg.start(collector.serve)
-            job = Job(net, workdir, collector)
-            script = workdir / "inplace_worker.py"
-            script.write_text(IN_PLACE_WORKER)
-            await job.start(
-                tg,
-                net.hosts,
-                backend="c10d",
-                endpoint=await job.endpoint("c10d", net.hosts),
-                conf=CONF,
-                nnodes="3",
-                options=("--recovery", "in-place"),
-                script=script,
-            )
-            try:
-                await check_fenced_while_joining(job)
-            finally:
-                await job.stop()
-                tg.cancel_scope.cancel()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    async with in_place_job(IN_PLACE_WORKER, "c10d", "3") as job:
+        await check_fenced_while_joining(job)
 
 
 async def check_fenced_while_joining(job: Job) -> None:
