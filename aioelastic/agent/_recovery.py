@@ -56,6 +56,7 @@ from aioelastic.agent._events import (
     WorkerSucceeded,
 )
 from aioelastic.agent._group import Outcome, WorkerGroup, _Worker
+from aioelastic.agent._leaving import LeaveDeadlines
 from aioelastic.agent._logs import line_prefix
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.rendezvous import NodeLost as RendezvousNodeLost
@@ -158,16 +159,6 @@ class _Verdict:
 
 
 @dataclass(slots=True)
-class _Leaving:
-    """A survivor told that ``generation`` ended, until it enters a later one."""
-
-    generation: int
-    due: float
-    cause: g.EvictCause
-    detail: str = ""
-
-
-@dataclass(slots=True)
 class _Linked:
     key: g.WorkerKey
     worker: _Worker
@@ -212,7 +203,7 @@ class InPlaceGroup(WorkerGroup):
         self._tell, self._heard = anyio.create_memory_object_stream[_Notice](math.inf)
         self._reports: list[AgentEvent] = []
         self._later: list[g.Spawn] = []
-        self._leaving: dict[g.WorkerKey, _Leaving] = {}
+        self._leaving = LeaveDeadlines(self.leave_timeout(), CANNOT_ABORT_GRACE)
         self._shown = anyio.Event()
 
     async def run(
@@ -306,7 +297,7 @@ class InPlaceGroup(WorkerGroup):
                 [
                     self._next_deadline(),
                     *(verdict.due for verdict in self._verdicts.values()),
-                    *(leaving.due for leaving in self._leaving.values()),
+                    self._leaving.next_due(),
                 ]
             )
             notice: _Notice | None = None
@@ -333,7 +324,7 @@ class InPlaceGroup(WorkerGroup):
             return []
         linked = self._linked[notice.key]
         if isinstance(notice, _Exit):
-            self._leaving.pop(linked.key, None)
+            self._leaving.forget(linked.key)
             return self._exited(linked, now)
         if isinstance(notice, _Answered):
             self._answered(linked, notice.reply, now)
@@ -342,9 +333,7 @@ class InPlaceGroup(WorkerGroup):
             case Hello():
                 return self._record(g.Ready(linked.key), now, pid=linked.worker.process.pid)
             case Enter(generation=number):
-                leaving = self._leaving.get(linked.key)
-                if leaving is not None and number > leaving.generation:
-                    del self._leaving[linked.key]
+                self._leaving.entered(linked.key, number)
                 return self._record(g.Entered(linked.key, number), now)
             case Trouble(generation=number):
                 current = self.machine.generation
@@ -388,22 +377,15 @@ class InPlaceGroup(WorkerGroup):
                 reply.detail,
             )
         )
-        leaving = self._leaving.get(linked.key)
-        unavailable = reply.outcome is AbortOutcome.UNAVAILABLE
-        if unavailable and leaving is not None and leaving.generation == reply.generation:
-            leaving.due = min(leaving.due, now + CANNOT_ABORT_GRACE)
-            leaving.cause = g.EvictCause.ABORT_UNAVAILABLE
-            leaving.detail = reply.detail
+        if reply.outcome is AbortOutcome.UNAVAILABLE:
+            self._leaving.cannot_abort(linked.key, reply.generation, reply.detail, now)
 
     def _leaves_due(self, now: float) -> list[g.Command]:
         """Report the survivors whose time to leave their ended world passed (the machine
         says whether they are still stuck there)."""
         commands: list[g.Command] = []
-        for key, leaving in list(self._leaving.items()):
-            if leaving.due <= now:
-                del self._leaving[key]
-                due = g.LeaveDue(key, leaving.generation, leaving.cause, leaving.detail)
-                commands += self._record(due, now)
+        for due in self._leaving.due(now):
+            commands += self._record(due, now)
         return commands
 
     def _give_verdicts(self, now: float) -> list[g.Command]:
@@ -464,12 +446,7 @@ class InPlaceGroup(WorkerGroup):
                         self._send(key, WorldEnded(command.generation, command.reason))
                         if command.abort:
                             self._ask_abort(key, command.generation)
-                        self._leaving[key] = _Leaving(
-                            command.generation,
-                            now + self.leave_timeout(),
-                            g.EvictCause.DID_NOT_LEAVE,
-                            f"not in a later generation {self.leave_timeout():g} s after",
-                        )
+                        self._leaving.ended(key, command.generation, now)
                 case g.Evict():
                     self._evict(command)
                 case g.OwnError():
@@ -528,7 +505,7 @@ class InPlaceGroup(WorkerGroup):
     def _evict(self, command: g.Evict) -> None:
         """Kill a member the machine took out (it is replaced like a failed one)."""
         linked = self._linked.get(command.worker)
-        self._leaving.pop(command.worker, None)
+        self._leaving.forget(command.worker)
         if linked is None:
             return
         worker = linked.worker
