@@ -99,6 +99,14 @@ class CountingStore(Store):
             "multi_set_and_count", self.store.multi_set_and_count(keys, values, prefix=prefix)
         )
 
+    async def multi_set_count_and_read(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str, read: str
+    ) -> tuple[int, Snapshot]:
+        return await self._count(
+            "multi_set_count_and_read",
+            self.store.multi_set_count_and_read(keys, values, prefix=prefix, read=read),
+        )
+
     async def append(self, key: str, value: Value) -> None:
         await self._count("append", self.store.append(key, value))
 

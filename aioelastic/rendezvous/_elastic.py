@@ -55,7 +55,14 @@ from aioelastic.rendezvous._info import (
 )
 from aioelastic.rendezvous._lease import Lease, RenewalFailures
 from aioelastic.rendezvous._parameters import ElasticSettings
-from aioelastic.store import EtcdLeaseLost, PrefixStore, Store, StoreError, StoreTimeoutError
+from aioelastic.store import (
+    EtcdLeaseLost,
+    PrefixStore,
+    Snapshot,
+    Store,
+    StoreError,
+    StoreTimeoutError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +87,12 @@ def free_port(addr: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((bind_addr, 0))
         return int(sock.getsockname()[1])
+
+
+def _state_read(snapshot: Snapshot) -> m.StateRead:
+    """What a read of ``state/`` says: the last sealed round, and whether the run is closed."""
+    latest = int(snapshot.items.get(layout.LATEST_KEY, b"0"))
+    return m.StateRead(latest, layout.CLOSED_KEY in snapshot.items)
 
 
 class ElasticRendezvousHandler(RendezvousHandler):
@@ -351,7 +364,12 @@ class ElasticRendezvousHandler(RendezvousHandler):
             await self._renew()  # a join must not start on a lease that lapses at once
         previous = (self._last.round, self._rank) if self._last is not None else (0, -1)
         machine = m.JoinMachine(
-            self._policy, self._node, self._addr, free_port(self._addr), previous
+            self._policy,
+            self._node,
+            self._addr,
+            free_port(self._addr),
+            previous,
+            read_state_on_arrival=self._require_store().counts_keys,
         )
         command = machine.start(self._clock.now())
         try:
@@ -376,12 +394,15 @@ class ElasticRendezvousHandler(RendezvousHandler):
         assert store is not None
         match command:
             case m.ReadState():
-                snapshot = await store.get_prefix(layout.STATE_PREFIX)
-                latest = int(snapshot.items.get(layout.LATEST_KEY, b"0"))
-                return m.StateRead(latest, layout.CLOSED_KEY in snapshot.items)
-            case m.Arrive(round_, record):
+                return _state_read(await store.get_prefix(layout.STATE_PREFIX))
+            case m.Arrive(round_, record, read_state):
                 if store.counts_keys:
                     keys, values, counted = layout.counted_arrival(round_, record)
+                    if read_state:
+                        arrival, state = await store.multi_set_count_and_read(
+                            keys, values, prefix=counted, read=layout.STATE_PREFIX
+                        )
+                        return m.Arrived(arrival, _state_read(state))
                     return m.Arrived(await store.multi_set_and_count(keys, values, prefix=counted))
                 await store.set(layout.join_key(round_, record.node), record.encode())
                 return m.Arrived(await store.add(layout.count_key(round_), 1))

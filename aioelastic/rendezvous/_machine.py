@@ -12,8 +12,12 @@ same atomic step. Either way at least ``i`` records were written before ``i`` wa
 the number grows by one per arrival, so the first arrival to bring it to ``k`` gets exactly
 ``k``; only the counter's numbers are distinct (a withdrawn record lowers the key count, so a
 later node may take a number again), and nothing below relies on that. Every node of a run
-arrives the same way, since the store decides. Nobody watches the arrivals except in the rare
-recovery case below;
+arrives the same way, since the store decides. On a store that counts keys, the arrival also
+reads ``state/`` in the same atomic step instead of before it (one round trip fewer): the node
+arrives at the round after the last one it knows of, and if that step shows the run closed, or
+a later round sealed, it arrives again at the round after that (its record in a sealed round is
+one more late arrival there, which no one waits for). Nobody watches the arrivals except in
+the rare recovery case below;
 each joined node waits for one key, the round's *result*, which is written once with
 compare-and-set, so every node of a round reads the same sealed outcome:
 
@@ -138,6 +142,8 @@ class StateRead:
 @dataclass(frozen=True, slots=True)
 class Arrived:
     arrival: int
+    state: StateRead | None = None
+    """``state/`` as read in the arrival's own atomic step, when the arrival read it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +210,9 @@ class Arrive:
 
     round: int
     record: JoinRecord
+    read_state: bool = False
+    """Also read ``state/`` in the same atomic step -> :attr:`Arrived.state` (a store that
+    counts keys as it writes: ``Store.multi_set_count_and_read``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +327,11 @@ def admitted(machine: JoinMachine, now: float) -> bool:
     return machine.rank is not None
 
 
+def round_passed(machine: JoinMachine, now: float) -> bool:
+    """The arrival's own read of ``state/`` shows this round (or a later one) sealed."""
+    return machine.latest >= machine.round
+
+
 def house_full(machine: JoinMachine, now: float) -> bool:
     """This node is the ``max_nodes``-th arrival: it seals at once."""
     return machine.arrival == machine.policy.max_nodes
@@ -352,7 +366,14 @@ _AT_DEADLINE: Transition = ((join_timed_out, Phase.WITHDRAWING), (otherwise, Pha
 
 TRANSITIONS: Mapping[Phase, Mapping[type[Event], Transition]] = {
     Phase.READING: {StateRead: ((run_closed, Phase.CLOSED), (otherwise, Phase.ARRIVING))},
-    Phase.ARRIVING: {Arrived: ((house_full, Phase.SEALING), (otherwise, Phase.WAITING))},
+    Phase.ARRIVING: {
+        Arrived: (
+            (run_closed, Phase.CLOSED),
+            (round_passed, Phase.ARRIVING),  # arrived late: the next round
+            (house_full, Phase.SEALING),
+            (otherwise, Phase.WAITING),
+        )
+    },
     Phase.WAITING: {ResultSeen: _AFTER_RESULT, DeadlineReached: _AT_DEADLINE},
     Phase.SEALING: {
         Candidates: (
@@ -385,6 +406,8 @@ class JoinMachine:
     """One node's attempt to join a round (one call of ``next_rendezvous``).
 
     ``previous`` is the ``(round, rank)`` the node last completed, so it can keep its rank.
+    ``read_state_on_arrival``: the store counts keys as it writes, so the machine arrives at
+    once, reading ``state/`` in the arrival's step, instead of reading it first.
     """
 
     policy: RoundPolicy
@@ -392,6 +415,7 @@ class JoinMachine:
     addr: str
     port: int
     previous: tuple[int, int] = (0, -1)
+    read_state_on_arrival: bool = False
     phase: Phase = Phase.READING
     round: int = 0
     arrival: int = 0
@@ -420,6 +444,10 @@ class JoinMachine:
             raise RendezvousUsageError("a JoinMachine joins once; create a new one to rejoin")
         self._started = True
         self.join_deadline = now + self.policy.join_timeout
+        if self.read_state_on_arrival:
+            self.latest = self.previous[0]
+            self.phase = Phase.ARRIVING
+            return self._arrive(now)
         return ReadState()
 
     def send(self, event: Event, now: float) -> Command:
@@ -451,7 +479,10 @@ class JoinMachine:
             case StateRead(latest, closed):
                 self.latest = max(latest, self.previous[0])
                 self.closed = closed
-            case Arrived(arrival):
+            case Arrived(arrival, state):
+                if state is not None:
+                    self.latest = max(self.latest, state.latest)
+                    self.closed = state.closed
                 self.arrival = arrival
                 if arrival >= self.policy.min_nodes:  # min_nodes are in: the last call starts
                     self.last_call_deadline = now + self.policy.last_call_timeout
@@ -491,7 +522,7 @@ class JoinMachine:
         self.live = []
         prev_round, prev_rank = self.previous
         record = JoinRecord(self.node, self.addr, self.port, prev_round, prev_rank)
-        return Arrive(self.round, record)
+        return Arrive(self.round, record, self.read_state_on_arrival)
 
     def _wait(self, now: float) -> Command:
         if self.last_call_deadline == math.inf and quorum(self, now):

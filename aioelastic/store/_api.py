@@ -155,6 +155,20 @@ class Store(abc.ABC):
             "check counts_keys first"
         )
 
+    async def multi_set_count_and_read(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str, read: str
+    ) -> tuple[int, Snapshot]:
+        """:meth:`multi_set_and_count`, and the items under ``read`` as they are once the keys
+        are written, read in the same atomic step (etcd: a range read in the transaction), so a
+        caller learns what its write landed on without a read before it.
+
+        Only where :attr:`counts_keys` is true; the default raises ``NotImplementedError``.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} at {self.endpoint} cannot count keys as it writes; "
+            "check counts_keys first"
+        )
+
     async def ttl_remaining(self, key: str) -> float | None:
         """Return the seconds left before ``key`` expires, on the store's own clock.
 

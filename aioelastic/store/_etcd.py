@@ -562,8 +562,31 @@ class EtcdStore(Service, Store):
         transaction, the writes after it in the same transaction count too); else the
         transaction is sent again.
         """
+        count, _ = await self._counted_write("multi_set_and_count", keys, values, prefix, None)
+        return count
+
+    async def multi_set_count_and_read(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str, read: str
+    ) -> tuple[int, Snapshot]:
+        """:meth:`multi_set_and_count` with a range read of ``read`` at the end of the same
+        transaction (after a lost reply, read at the write's revision, as the count is)."""
+        head = self._data + check_key(read).encode()
+        count, snapshot = await self._counted_write(
+            "multi_set_count_and_read", keys, values, prefix, head
+        )
+        assert snapshot is not None  # a write that asks to read gets a snapshot
+        return count, snapshot
+
+    async def _counted_write(
+        self,
+        what: str,
+        keys: Sequence[str],
+        values: Sequence[Value],
+        prefix: str,
+        read: bytes | None,
+    ) -> tuple[int, Snapshot | None]:
         if len(keys) != len(values):
-            raise ValueError(f"multi_set_and_count got {len(keys)} keys but {len(values)} values")
+            raise ValueError(f"{what} got {len(keys)} keys but {len(values)} values")
         puts = {self._key(key): to_bytes(value) for key, value in zip(keys, values, strict=True)}
         head = self._data + check_key(prefix).encode()
         self._check_serving()
@@ -571,13 +594,19 @@ class EtcdStore(Service, Store):
             self._ttl_leases.forget(key)
         writes = self._counted.setdefault(head, CountedWrites(COUNTED_OPS))
         try:
-            return await writes.write(puts, functools.partial(self._send_counted, head))
+            send = functools.partial(self._send_counted, head)
+            return await writes.write_and_read(puts, send, read)
         finally:
             if not writes.users and self._counted.get(head) is writes:
                 del self._counted[head]
 
+    def _snapshot(self, revision: int, response_range: Any) -> Snapshot:
+        cut = len(self._data)
+        return Snapshot(revision, {kv.key[cut:].decode(): kv.value for kv in response_range.kvs})
+
     async def _send_counted(self, head: bytes, batch: list[CountedWrite]) -> list[int]:
-        """Send ``batch`` (see :meth:`multi_set_and_count`); return each write's count."""
+        """Send ``batch`` (see :meth:`multi_set_and_count`); return each write's count and set
+        the snapshot of each write that reads."""
         end = range_end(head)
         count = rpc.RangeRequest(key=head, range_end=end, count_only=True)
         counts: list[int | None] = [None] * len(batch)
@@ -585,6 +614,7 @@ class EtcdStore(Service, Store):
         while True:
             request = rpc.TxnRequest()
             written: set[bytes] = set()
+            reads: list[bytes] = []
             for entry, found in zip(batch, counts, strict=True):
                 if found is not None:
                     continue
@@ -594,6 +624,11 @@ class EtcdStore(Service, Store):
                         put.key, put.value = key, value
                         written.add(key)
                 request.success.add().request_range.CopyFrom(count)
+                if entry.read is not None and entry.read not in reads:
+                    reads.append(entry.read)
+            for prefix in reads:
+                read = request.success.add().request_range
+                read.key, read.range_end = prefix, range_end(prefix)
             try:
                 response = await self._txn("multi_set_and_count", request, idempotent=False)
             except Exception as error:
@@ -603,47 +638,70 @@ class EtcdStore(Service, Store):
                 for index, entry in enumerate(batch):
                     own = next(((k, v) for k, v in entry.puts.items() if k.startswith(head)), None)
                     if counts[index] is None and own is not None:
-                        counts[index] = await self._count_at_write(*own, head, end) or None
+                        counts[index] = await self._count_at_write(entry, *own, head, end)
                 if all(found is not None for found in counts):
                     return [found for found in counts if found is not None]
                 if anyio.current_time() > deadline:
                     raise self._conn.unreachable("multi_set_and_count", error) from None
                 continue
-            got = iter(
-                int(op.response_range.count)
+            ranges = [
+                op.response_range
                 for op in response.responses
                 if op.WhichOneof("response") == "response_range"
-            )
-            return [found if found is not None else next(got) for found in counts]
+            ]
+            revision = int(response.header.revision)
+            found_reads = {
+                prefix: self._snapshot(revision, got)
+                for prefix, got in zip(reads, ranges[len(ranges) - len(reads) :], strict=True)
+            }
+            got = iter(int(r.count) for r in ranges[: len(ranges) - len(reads)])
+            results = []
+            for entry, found in zip(batch, counts, strict=True):
+                if found is None:
+                    found = next(got)
+                    if entry.read is not None:
+                        entry.snapshot = found_reads[entry.read]
+                results.append(found)
+            return results
 
-    async def _count_at_write(self, key: bytes, value: bytes, head: bytes, end: bytes) -> int:
+    async def _count_at_write(
+        self, entry: CountedWrite, key: bytes, value: bytes, head: bytes, end: bytes
+    ) -> int | None:
         """After a lost reply: the keys in ``[head, end)`` at the revision ``key`` got
-        ``value`` (0: it does not hold it, or that history was compacted)."""
+        ``value``, and (into ``entry``) the keys under the prefix it reads, at that revision
+        (None: it does not hold it, or that history was compacted)."""
         kv = await self._read_now([key])
         found = kv[1][0]
         if found is None or found.value != value:
-            return 0
-        request = rpc.RangeRequest(
-            key=head, range_end=end, count_only=True, revision=found.mod_revision
-        )
+            return None
+        at = found.mod_revision
+        request = rpc.TxnRequest()
+        count = request.success.add().request_range
+        count.key, count.range_end, count.count_only, count.revision = head, end, True, at
+        if entry.read is not None:
+            read = request.success.add().request_range
+            read.key, read.range_end, read.revision = entry.read, range_end(entry.read), at
 
         async def attempt(member: Member, timeout: float) -> Any:
             try:
-                return await member.kv.Range(request, timeout=timeout, metadata=member.metadata)
+                return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.OUT_OF_RANGE:  # compacted
                     raise
                 return None
 
         response = await self._conn.call("count", attempt)
-        return 0 if response is None else int(response.count)
+        if response is None:
+            return None
+        ranges = [op.response_range for op in response.responses]
+        if entry.read is not None:
+            entry.snapshot = self._snapshot(at, ranges[1])
+        return int(ranges[0].count) or None
 
     async def get_prefix(self, prefix: str) -> Snapshot:
         self._check_serving()
         response = await self._range(self._data + check_key(prefix).encode())
-        cut = len(self._data)
-        items = {kv.key[cut:].decode(): kv.value for kv in response.kvs}
-        return Snapshot(int(response.header.revision), items)
+        return self._snapshot(int(response.header.revision), response)
 
     async def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None

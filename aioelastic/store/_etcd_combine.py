@@ -16,6 +16,8 @@ from typing import Generic, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from aioelastic.store._api import Snapshot
+
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
@@ -112,13 +114,17 @@ class AddCombiner(_Batches[_Pending]):
 
 
 class CountedWrite(_Entry):
-    """One ``multi_set_and_count`` call waiting in a :class:`CountedWrites` batch."""
+    """One ``multi_set_and_count`` call waiting in a :class:`CountedWrites` batch; ``read``
+    is the prefix it also reads in the transaction (``multi_set_count_and_read``), and
+    ``snapshot`` what that read found."""
 
-    __slots__ = ("puts",)
+    __slots__ = ("puts", "read", "snapshot")
 
-    def __init__(self, puts: dict[bytes, bytes]) -> None:
+    def __init__(self, puts: dict[bytes, bytes], read: bytes | None = None) -> None:
         super().__init__()
         self.puts = puts
+        self.read = read
+        self.snapshot: Snapshot | None = None
 
 
 class CountedWrites(_Batches[CountedWrite]):
@@ -126,7 +132,8 @@ class CountedWrites(_Batches[CountedWrite]):
 
     Whoever holds the lock sends the queued writes in one batch: each write's puts, then a
     count, so each count still sees every write before it and none after (distinct counts, as
-    if sent one by one). A batch holds at most ``limit`` puts and never the same key twice
+    if sent one by one); then one range read of each prefix the writes ask to read, which
+    sees every write of the batch. A batch holds at most ``limit`` puts and never the same key twice
     with two values (etcd refuses a transaction that writes a key twice; a key already written
     in the batch with the same value is written once). A writer cancelled mid-batch leaves the
     batch's other writes queued, to be sent again by the next (their puts are idempotent).
@@ -142,18 +149,35 @@ class CountedWrites(_Batches[CountedWrite]):
         send: Callable[[list[CountedWrite]], Awaitable[list[int]]],
     ) -> int:
         """Write ``puts`` and return the count; ``send(batch)`` returns the batch's counts."""
-        return await self._join(CountedWrite(puts), lambda: self._send_batch(send))
+        count, _ = await self.write_and_read(puts, send, None)
+        return count
+
+    async def write_and_read(
+        self,
+        puts: dict[bytes, bytes],
+        send: Callable[[list[CountedWrite]], Awaitable[list[int]]],
+        read: bytes | None,
+    ) -> tuple[int, Snapshot | None]:
+        """:meth:`write`, and what the read of ``read`` found (None without one): ``send``
+        also sets the snapshot of each entry that reads."""
+        entry = CountedWrite(puts, read)
+        count = await self._join(entry, lambda: self._send_batch(send))
+        return count, entry.snapshot
 
     def _take_batch(self) -> list[CountedWrite]:
         batch: list[CountedWrite] = []
         written: dict[bytes, bytes] = {}
+        reads: set[bytes] = set()
         for entry in list(self._queue):
             if any(written.get(key, value) != value for key, value in entry.puts.items()):
                 continue  # would write a key twice with two values: the next batch
             new = {k: v for k, v in entry.puts.items() if k not in written}
-            if batch and len(written) + len(new) + len(batch) + 1 > self._limit:
+            more = {entry.read} - reads if entry.read is not None else set()
+            ops = len(written) + len(new) + len(batch) + 1 + len(reads) + len(more)
+            if batch and ops > self._limit:
                 break
             written.update(new)
+            reads |= more
             batch.append(entry)
         for entry in batch:
             self._queue.remove(entry)

@@ -84,7 +84,9 @@ class PrefixStore(Store):
         await self.store.append(self._key(key), value)
 
     async def get_prefix(self, prefix: str) -> Snapshot:
-        snapshot = await self.store.get_prefix(self._key(prefix))
+        return self._unprefixed_snapshot(await self.store.get_prefix(self._key(prefix)))
+
+    def _unprefixed_snapshot(self, snapshot: Snapshot) -> Snapshot:
         size = len(self._head)
         return Snapshot(snapshot.revision, {k[size:]: v for k, v in snapshot.items.items()})
 
@@ -106,6 +108,14 @@ class PrefixStore(Store):
         return await self.store.multi_set_and_count(
             self._keys(keys), values, prefix=self._key(prefix)
         )
+
+    async def multi_set_count_and_read(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str, read: str
+    ) -> tuple[int, Snapshot]:
+        count, snapshot = await self.store.multi_set_count_and_read(
+            self._keys(keys), values, prefix=self._key(prefix), read=self._key(read)
+        )
+        return count, self._unprefixed_snapshot(snapshot)
 
     async def ttl_remaining(self, key: str) -> float | None:
         return await self.store.ttl_remaining(self._key(key))

@@ -32,6 +32,7 @@ OPERATIONS = frozenset(
         "multi_get",
         "multi_set",
         "multi_set_and_count",
+        "multi_set_count_and_read",
         "append",
         "get_prefix",
         "wait_for_change",
@@ -229,6 +230,16 @@ class FaultyStore(Store):
             "multi_set_and_count",
             self.inner.multi_set_and_count(keys, values, prefix=prefix),
         )
+
+    async def multi_set_count_and_read(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str, read: str
+    ) -> tuple[int, Snapshot]:
+        count, snapshot = await self._call(
+            "multi_set_count_and_read",
+            self.inner.multi_set_count_and_read(keys, values, prefix=prefix, read=read),
+        )
+        self._keys_read += len(snapshot.items)
+        return count, snapshot
 
     async def append(self, key: str, value: Value) -> None:
         await self._call("append", self.inner.append(key, value))

@@ -95,6 +95,61 @@ async def test_concurrent_counted_writes_on_one_client_share_transactions(
     assert (await etcd_store.get_prefix("join/")).items.keys() == {f"join/{n}" for n in range(60)}
 
 
+async def test_counted_writes_that_read_share_transactions_and_see_every_write(
+    etcd_store: EtcdStore,
+) -> None:
+    """Counted writes that also read a prefix, made at once through one client, share
+    transactions; each gets a distinct count and a snapshot of the read prefix that holds its
+    own write, taken at a revision at or after it."""
+    results: list[tuple[int, int, dict[str, bytes]]] = []
+    before = etcd_store.statistics().requests
+
+    async def writer(node: int) -> None:
+        keys = [f"join/{node}", f"state/{node}"]
+        count, state = await etcd_store.multi_set_count_and_read(
+            keys, [b"r", b"1"], prefix="join/", read="state/"
+        )
+        assert f"state/{node}" in state.items
+        results.append((count, state.revision, state.items))
+
+    async with anyio.create_task_group() as tg:
+        for node in range(40):
+            tg.start_soon(writer, node)
+    assert sorted(count for count, _, _ in results) == list(range(1, 41))
+    assert etcd_store.statistics().requests - before < 40
+    last = (await etcd_store.get_prefix("state/")).revision
+    assert all(revision <= last for _, revision, _ in results)
+
+
+async def test_a_counted_read_whose_reply_is_lost_reads_at_the_write(
+    etcd_store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A counted write that landed but whose reply was lost is not written twice: the count
+    and the read prefix are read at the write's revision, so a later write does not show."""
+    await etcd_store.set("state/latest", b"1")
+    send = etcd_store._txn
+    lost: list[int] = []
+
+    async def lose_reply(what: str, request: object, *, idempotent: bool = True) -> object:
+        response = await send(what, request, idempotent=idempotent)
+        if what == "multi_set_and_count" and not lost:
+            lost.append(1)
+            await etcd_store.set("state/latest", b"2")  # lands after the write, before the check
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "lost"
+            )
+        return response
+
+    monkeypatch.setattr(etcd_store, "_txn", lose_reply)
+    count, state = await etcd_store.multi_set_count_and_read(
+        ["join/a", "bell"], [b"r", b"0"], prefix="join/", read="state/"
+    )
+    assert lost
+    assert count == 1
+    assert state.items == {"state/latest": b"1"}
+    assert (await etcd_store.get_prefix("join/")).items == {"join/a": b"r"}
+
+
 async def test_a_get_that_waits_takes_the_value_from_the_watch(etcd_store: EtcdStore) -> None:
     """A get of a key that appears later costs one read and one watch, not a read again."""
     values: list[bytes] = []

@@ -27,6 +27,27 @@ def joined(node: int = 1, arrival: int = 1, now: float = 0.0) -> tuple[m.JoinMac
     return machine, machine.send(m.Arrived(arrival), now)
 
 
+def test_on_a_counting_store_the_arrival_reads_the_state_itself() -> None:
+    """With read_state_on_arrival, the machine arrives at once at the round after the last it
+    completed, and the arrival's own read of ``state/`` decides: a later round sealed means
+    arriving again after it; a closed run ends; else it goes on as after a read first."""
+    machine = m.JoinMachine(POLICY, 1, "host1", 9001, (3, 0), read_state_on_arrival=True)
+    assert machine.start(0.0) == m.Arrive(4, record(1, 3, 0), read_state=True)
+    late = machine.send(m.Arrived(1, m.StateRead(latest=6, closed=False)), 0.0)
+    assert late == m.Arrive(7, record(1, 3, 0), read_state=True)
+    assert machine.send(m.Arrived(2, m.StateRead(6, closed=False)), 1.0) == m.AwaitResult(7, 11.0)
+
+    lagging = m.JoinMachine(POLICY, 1, "host1", 9001, (3, 0), read_state_on_arrival=True)
+    lagging.start(0.0)  # state/latest not yet advanced past the round this node completed
+    assert lagging.send(m.Arrived(1, m.StateRead(2, closed=False)), 0.0) == m.AwaitResult(4, 100.0)
+
+    closed = m.JoinMachine(POLICY, 1, "host1", 9001, read_state_on_arrival=True)
+    assert closed.start(0.0) == m.Arrive(1, record(1), read_state=True)
+    assert closed.send(m.Arrived(3, m.StateRead(0, closed=True)), 0.0) == m.Fail(
+        m.FailReason.CLOSED, 1
+    )
+
+
 def test_first_arrivals_wait_until_the_join_timeout() -> None:
     """A node below min_nodes waits for the result with only the join deadline."""
     _, command = joined(arrival=1, now=5.0)

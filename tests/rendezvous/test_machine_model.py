@@ -152,7 +152,12 @@ class RendezvousModel(RuleBasedStateMachine):
 
     def _begin(self, node: SimNode) -> None:
         node.machine = m.JoinMachine(
-            self.policy, node.node, f"host{node.node}", 1000 + node.node, node.previous
+            self.policy,
+            node.node,
+            f"host{node.node}",
+            1000 + node.node,
+            node.previous,
+            read_state_on_arrival=self.counts_keys,  # as the shell does: one step fewer
         )
         node.started_at = self.now
         node.pending = node.machine.start(self.now)
@@ -242,10 +247,8 @@ class RendezvousModel(RuleBasedStateMachine):
         store, command = self.store, node.pending
         match command:
             case m.ReadState():
-                return m.StateRead(
-                    int(store.data.get(layout.LATEST_KEY, b"0")), layout.CLOSED_KEY in store.data
-                )
-            case m.Arrive(round_, record):
+                return self._state(store)
+            case m.Arrive(round_, record, read_state):
                 if dry_run:
                     return m.Arrived(0)
                 self.records.setdefault(round_, {})[record.node] = record
@@ -257,7 +260,8 @@ class RendezvousModel(RuleBasedStateMachine):
                     arrival = store.add(layout.count_key(round_), 1)
                 if arrival >= self.policy.min_nodes:  # the arrivals say min_nodes are in
                     self.min_reached_at.setdefault(round_, self.now)
-                return m.Arrived(arrival)
+                # (the state as the arrival's own step saw it, after its writes)
+                return m.Arrived(arrival, self._state(store) if read_state else None)
             case m.AwaitResult(round_, deadline):
                 value = store.data.get(layout.result_key(round_))
                 if value is not None:
@@ -293,6 +297,11 @@ class RendezvousModel(RuleBasedStateMachine):
                     store.delete(layout.join_key(round_, who))
                 return m.Withdrawn(store.data.get(layout.result_key(round_)), live)
         raise AssertionError(command)
+
+    @staticmethod
+    def _state(store: ModelStore) -> m.StateRead:
+        latest = int(store.data.get(layout.LATEST_KEY, b"0"))
+        return m.StateRead(latest, layout.CLOSED_KEY in store.data)
 
     def _finish(self, node: SimNode, outcome: m.Finish | m.Fail) -> None:
         node.outcomes.append(outcome)

@@ -158,6 +158,24 @@ async def test_multi_set_and_count_counts_the_prefix_with_its_own_writes(store: 
     assert await store.multi_set_and_count(["join/b"], [b"3"], prefix="join/") == 2
 
 
+async def test_multi_set_count_and_read_reads_in_the_same_step(store: Store) -> None:
+    """Where a store counts keys as it writes, multi_set_count_and_read also returns the keys
+    under ``read`` as they are once the new ones are written (the write's own among them);
+    elsewhere it is refused and writes nothing."""
+    await store.set("state/latest", b"4")
+    if not store.counts_keys:
+        with pytest.raises(NotImplementedError, match="cannot count keys as it writes"):
+            await store.multi_set_count_and_read(["join/b"], [b"2"], prefix="join/", read="state/")
+        assert not await store.check(["join/b"])
+        return
+    count, state = await store.multi_set_count_and_read(
+        ["join/b", "state/seen"], [b"2", b"1"], prefix="join/", read="state/"
+    )
+    assert count == 1
+    assert state.items == {"state/latest": b"4", "state/seen": b"1"}
+    assert state.revision == (await store.get_prefix("state/")).revision
+
+
 async def test_multi_set_and_count_with_mismatched_lengths_is_refused(store: Store) -> None:
     """multi_set_and_count with more keys than values raises ValueError, writes nothing."""
     if not store.counts_keys:
