@@ -56,6 +56,7 @@ from aioelastic.store._tcp_codec import (
     FrameTooLargeError,
     Op,
     Reply,
+    Status,
     decode_reply,
     encode_request,
     request_encoders,
@@ -428,6 +429,8 @@ class BlockingTCPStore:
         interrupt = None if wait is None else self._interrupt
         try:
             reply = self._connection.call(op, subject, fields, bound, interrupt)
+            if reply.status < Status.TIMEOUT:
+                return reply  # a result: no endpoint string to format for an error
             return check_reply(reply, self.endpoint)
         except StoreTimeoutError as error:
             raise StoreTimeoutError(

@@ -31,7 +31,7 @@ import contextlib
 import logging
 import random
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Self
 
@@ -63,8 +63,9 @@ from aioelastic.store._tcp_codec import (
     request_encoders,
 )
 from aioelastic.store._tcp_transport import (
+    CallTiming,
     ClientConnection,
-    EventSignal,
+    EventTiming,
     Signal,
     call_timing,
     connect,
@@ -99,7 +100,9 @@ class _Call:
 
     def finish(self, reply: Reply | None = None, error: StoreError | None = None) -> None:
         self.reply, self.error, self.done = reply, error, True
-        self.signal.set()
+        signal = self.signal
+        if not signal.done():  # (a cancelled caller's future is done)
+            signal.set_result(None)
 
 
 class TCPStore(Store):
@@ -147,8 +150,7 @@ class TCPStore(Store):
         self._closed = False
         self._frame_limit = max_frame_size  # lowered to the server's at the handshake
         self._unreachable: str | None = None  # why reconnecting last gave up, until it succeeds
-        self._new_signal: Callable[[], Signal] = EventSignal  # set for the loop on entry
-        self._now: Callable[[], float] = anyio.current_time
+        self._timing: CallTiming = EventTiming()  # set for the loop on entry
 
     @property
     def endpoint(self) -> str:
@@ -159,7 +161,7 @@ class TCPStore(Store):
     async def __aenter__(self) -> Self:
         if self._task_group is not None or self._closed:
             raise RuntimeError("a TCPStore can be entered only once")
-        self._new_signal, self._now = call_timing()
+        self._timing = call_timing()
         connection = await self._connect(self.connect_timeout)
         self._connection = connection
         task_group = anyio.create_task_group()
@@ -368,12 +370,13 @@ class TCPStore(Store):
                 f"exceeds the maximum frame size of {self._frame_limit} (the smaller of the "
                 "client's and the server's); split the value or raise max_frame_size on both ends"
             )
-        call = _Call(op, frame, subject, self._new_signal())
+        timing = self._timing
+        call = _Call(op, frame, subject, timing.signal())
         self._calls[request_id] = call
         bound = self.timeout if wait is None else wait + _REPLY_GRACE
         if wait is None and self.request_timeout is not None:
             bound = min(bound, self.request_timeout)
-        deadline = self._now() + bound
+        deadline = timing.now() + bound
         try:
             connection = self._connection
             if connection is None:
@@ -394,13 +397,13 @@ class TCPStore(Store):
                             ) from None
                         call.sent_on = None
             if not call.done:
-                await call.signal.wait(deadline)
+                await timing.wait(call.signal, deadline)
         except anyio.get_cancelled_exc_class():
             await self._withdraw(call, request_id)
             raise
         finally:
             del self._calls[request_id]
-            call.signal.forget()
+            timing.forget(call.signal)
         if call.error is not None:
             raise call.error
         if call.reply is None:

@@ -28,7 +28,6 @@ import logging
 import math
 import ssl
 from collections.abc import Awaitable, Callable, Coroutine
-from functools import partial
 from typing import Any, Protocol, cast
 
 import anyio
@@ -447,42 +446,59 @@ class ClientStream(ClientConnection):
         await anyio.aclose_forcefully(self.stream)
 
 
-class Signal(abc.ABC):
-    """Wakes the caller of one call once its outcome is known (or its deadline passes)."""
+class Signal(Protocol):
+    """Wakes the caller of one call once its outcome is known: on asyncio the loop's own
+    future (no wrapper: a task awaits an exact future fastest), elsewhere an
+    :class:`EventSignal`. Set as a future is: ``if not s.done(): s.set_result(None)``."""
 
-    __slots__ = ()
+    def done(self) -> bool:
+        """Whether it was set."""
 
-    @abc.abstractmethod
-    def set(self) -> None:
-        """Wake the caller (idempotent)."""
+    def set_result(self, result: None) -> None:
+        """Wake the caller (once)."""
 
-    @abc.abstractmethod
-    def wait(self, deadline: float) -> Awaitable[None]:
-        """An awaitable that returns once set, or at ``deadline`` on the event loop's clock
-        (awaited once; :meth:`forget` follows, however it ended)."""
 
-    @abc.abstractmethod
-    def forget(self) -> None:
+class CallTiming(Protocol):
+    """A client's way to make, await and drop its calls' signals, and the clock of their
+    deadlines, for the running loop (see :func:`call_timing`)."""
+
+    signal: Callable[[], Signal]
+    """Makes a new call's signal."""
+    now: Callable[[], float]
+    """The clock of the deadlines."""
+
+    def wait(self, signal: Any, deadline: float) -> Awaitable[None]:
+        """An awaitable that returns once ``signal`` is set, or at ``deadline`` on the
+        :attr:`now` clock (awaited once; :meth:`forget` follows, however it ended)."""
+
+    def forget(self, signal: Any) -> None:
         """The call is over: drop what :meth:`wait` registered."""
 
 
-class Alarm:
-    """One timer for all the waiting calls of a client on asyncio, armed at the earliest
-    deadline among them (a timer per call costs about 5 us on uvloop, a quarter of a call)."""
+class Alarm(CallTiming):
+    """On asyncio: one timer for all the waiting calls of a client, armed at the earliest
+    deadline among them (a timer per call costs about 5 us on uvloop, a quarter of a call);
+    each call's signal is a bare future its caller awaits."""
 
     _EARLY = 0.001
     """A deadline this close is due: loops round timers to the millisecond."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.waiting: dict[FutureSignal, float] = {}
+        self.waiting: dict[asyncio.Future[None], float] = {}
         self.at = math.inf
         self.timer: asyncio.TimerHandle | None = None
+        self.signal = loop.create_future  # (a bound C method: no Python frame a call)
+        self.now = loop.time
 
-    def add(self, signal: FutureSignal, deadline: float) -> None:
+    def wait(self, signal: asyncio.Future[None], deadline: float) -> Awaitable[None]:
         self.waiting[signal] = deadline
         if deadline < self.at:
             self._arm(deadline)
+        return signal  # awaited by the caller itself: no coroutine frame per call
+
+    def forget(self, signal: asyncio.Future[None]) -> None:
+        self.waiting.pop(signal, None)
 
     def _arm(self, at: float) -> None:
         if self.timer is not None:
@@ -498,55 +514,45 @@ class Alarm:
         for signal, deadline in list(self.waiting.items()):
             if deadline <= due:
                 del self.waiting[signal]
-                signal.set()
+                if not signal.done():
+                    signal.set_result(None)
             elif deadline < later:
                 later = deadline
         if later < math.inf:
             self._arm(later)
 
 
-class FutureSignal(Signal):
-    """On asyncio: a bare future, its deadline kept by the client's :class:`Alarm` (no timer
-    handle, cancel scope or Event per call)."""
-
-    __slots__ = ("alarm", "future")
-
-    def __init__(self, alarm: Alarm) -> None:
-        self.alarm = alarm
-        self.future: asyncio.Future[None] = alarm.loop.create_future()
-
-    def set(self) -> None:
-        if not self.future.done():
-            self.future.set_result(None)
-
-    def wait(self, deadline: float) -> Awaitable[None]:
-        self.alarm.add(self, deadline)
-        return self.future  # awaited by the caller itself: no coroutine frame per call
-
-    def forget(self) -> None:
-        self.alarm.waiting.pop(self, None)
-
-
-class EventSignal(Signal):
-    """On other backends (trio): an anyio Event under a deadline."""
+class EventSignal:
+    """On other backends (trio): an anyio Event, set as a future is."""
 
     __slots__ = ("event",)
 
     def __init__(self) -> None:
         self.event = anyio.Event()
 
-    def set(self) -> None:
+    def done(self) -> bool:
+        return self.event.is_set()
+
+    def set_result(self, result: None) -> None:
         self.event.set()
 
-    def wait(self, deadline: float) -> Awaitable[None]:
-        return self._wait(deadline)
 
-    def forget(self) -> None:
+class EventTiming(CallTiming):
+    """On other backends (trio): each call waits on its Event under a cancel scope."""
+
+    def __init__(self) -> None:
+        self.signal = EventSignal
+        self.now = anyio.current_time
+
+    def wait(self, signal: EventSignal, deadline: float) -> Awaitable[None]:
+        return self._wait(signal, deadline)
+
+    def forget(self, signal: EventSignal) -> None:
         pass  # the cancel scope of _wait went with it
 
-    async def _wait(self, deadline: float) -> None:
+    async def _wait(self, signal: EventSignal, deadline: float) -> None:
         with anyio.CancelScope(deadline=deadline):
-            await self.event.wait()
+            await signal.event.wait()
 
 
 async def connect(
@@ -578,9 +584,8 @@ async def connect(
     return ClientStream(stream, max_frame_size)
 
 
-def call_timing() -> tuple[Callable[[], Signal], Callable[[], float]]:
-    """For the running loop: a factory of per-call signals, and the clock their deadlines use."""
+def call_timing() -> CallTiming:
+    """The way to time and wake calls that suits the running loop."""
     if on_asyncio():
-        loop = asyncio.get_running_loop()
-        return partial(FutureSignal, Alarm(loop)), loop.time
-    return EventSignal, anyio.current_time
+        return Alarm(asyncio.get_running_loop())
+    return EventTiming()

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aioelastic.store._tcp_transport import Alarm, FutureSignal
+from aioelastic.store._tcp_transport import Alarm
 
 pytestmark = pytest.mark.asyncio
 
@@ -16,19 +16,19 @@ async def test_an_earlier_deadline_rearms_the_alarm_and_wakes_only_its_call() ->
     to its deadline; a call that ended early and was forgotten leaves nothing behind."""
     loop = asyncio.get_running_loop()
     alarm = Alarm(loop)
-    later, due, ended = FutureSignal(alarm), FutureSignal(alarm), FutureSignal(alarm)
+    later, due, ended = alarm.signal(), alarm.signal(), alarm.signal()
     waits = [
-        asyncio.ensure_future(later.wait(loop.time() + 3600)),
-        asyncio.ensure_future(ended.wait(loop.time() + 1800)),
+        asyncio.ensure_future(alarm.wait(later, loop.time() + 3600)),
+        asyncio.ensure_future(alarm.wait(ended, loop.time() + 1800)),
     ]
     await asyncio.sleep(0)  # both registered
-    ended.set()
+    ended.set_result(None)
     await waits[1]
-    ended.forget()
+    alarm.forget(ended)
     async with asyncio.timeout(30):  # generous: it rings on the next loop turn
-        await due.wait(loop.time() - 1)  # returns only if the alarm rang for it
-    due.forget()
-    assert (later.future.done(), list(alarm.waiting), alarm.at) == (
+        await alarm.wait(due, loop.time() - 1)  # returns only if the alarm rang for it
+    alarm.forget(due)
+    assert (later.done(), list(alarm.waiting), alarm.at) == (
         False,
         [later],
         alarm.waiting[later],
@@ -36,5 +36,25 @@ async def test_an_earlier_deadline_rearms_the_alarm_and_wakes_only_its_call() ->
     waits[0].cancel()
     with pytest.raises(asyncio.CancelledError):
         await waits[0]
-    later.forget()
+    alarm.forget(later)
     assert alarm.waiting == {}
+
+
+async def test_a_cancelled_callers_signal_is_not_set_again() -> None:
+    """The alarm ringing for a call whose caller was cancelled (its future is done) leaves it
+    alone instead of raising InvalidStateError in the loop's callback."""
+    loop = asyncio.get_running_loop()
+    alarm = Alarm(loop)
+    gone = alarm.signal()
+    waiting = asyncio.ensure_future(alarm.wait(gone, loop.time() + 0.01))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    handler_calls: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: handler_calls.append(context))
+    try:
+        await asyncio.sleep(0.05)  # past the deadline: the alarm rang
+    finally:
+        loop.set_exception_handler(None)
+    assert (gone.cancelled(), alarm.waiting, handler_calls) == (True, {}, [])
