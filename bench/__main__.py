@@ -24,7 +24,7 @@ from bench._report import BenchRun, render_chart, render_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = (
-    "timer", "store", "store_blocking", "rendezvous", "rendezvous_etcd", "agent", "recovery",
+    "timer", "store", "rendezvous", "rendezvous_etcd", "agent", "recovery",
     "recovery_nodes", "scale",
 )  # fmt: skip
 LOGS = ROOT / "bench" / "logs"

@@ -9,9 +9,10 @@ Workloads (issue 2), each run against both stores in the same run:
 * fan-out: 64 waiters parked on one key, each on its own connection; time from the ``set``
   until the last of them has its value (median of rounds);
 * memory: peak server RSS after writing 100,000 keys of 64 bytes (and the growth from idle);
-* blocking clients (with ``--hot-path``): the sequential and 16-process rows again with our
-  ``BlockingTCPStore`` against our server, beside torch's blocking C++ client and server (the
-  main table's aioelastic column is the async client, which pays an event loop's turn a call);
+* blocking clients: the sequential and 16-process rows again with our ``BlockingTCPStore``
+  against our server, beside torch's blocking C++ client and server measured in the same
+  minutes (``--rounds`` alternating rounds, medians; the main table's aioelastic column is the
+  async client, which pays an event loop's turn a call);
 * the cost of security: sequential and 16 processes again with TLS (certificates checked both
   ways, throwaway ones from ``trustme``), and the time to open a connection with no token, a
   token (its challenge-response is one more round trip) and TLS, against the plain server;
@@ -21,7 +22,10 @@ Workloads (issue 2), each run against both stores in the same run:
   rank is a client of the server, as under an agent).
 
 Each server runs in its own process (``python -m bench.store host ours|torch``); clients run in
-the bench process (ours on uvloop when installed) or in worker processes. Ratios are
+the bench process (ours on uvloop when installed) or in worker processes. ``--placement`` pins
+the sequential rows' client and server to one CPU (``same``) or to two (``apart``): on this VM a
+round trip costs several times more when the two wake each other across CPUs, and which the
+scheduler picks (``free``, the default) decides a sequential row more than the code does. Ratios are
 aioelastic / torch, so above 1 is better for throughput rows and below 1 is better for latency
 and memory rows. The machine is shared: figures are noisy. torch rows are skipped without torch.
 """
@@ -49,6 +53,10 @@ PROCESSES, PAIRS = 16, 1000
 PIPELINED_OPS, CONCURRENCY = 20000, 64
 WAITERS, FANOUT_ROUNDS = 64, 7
 MEMORY_KEYS = 100_000
+PLACEMENT = "free"
+"""Where the sequential rows run: ``free`` (the scheduler's choice), ``same`` CPU, ``apart``."""
+ROUNDS = 3
+"""Alternating rounds of the blocking clients' sequential rows."""
 
 
 # -- server hosts (run in their own process) ------------------------------------------------
@@ -154,6 +162,27 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def placed(server_pid: int) -> Iterator[None]:
+    """Pin this process and every thread of the server as ``PLACEMENT`` says, until the end
+    (torch's server answers from a thread of its own, so each thread is pinned)."""
+    if PLACEMENT == "free":
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    first, second = sorted(mine)[:2] if len(mine) > 1 else (min(mine), min(mine))
+    server_cpu = first if PLACEMENT == "same" else second
+    os.sched_setaffinity(0, {first})
+    for thread in os.listdir(f"/proc/{server_pid}/task"):
+        os.sched_setaffinity(int(thread), {server_cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+        for thread in os.listdir(f"/proc/{server_pid}/task"):
+            os.sched_setaffinity(int(thread), mine)
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -557,7 +586,7 @@ def measure(kind: str, rows: tuple[str, ...] = ()) -> dict[str, float]:
     """Run every workload (or those whose names start with one of ``rows``) against one store
     kind; return figures by row name."""
     figures: dict[str, float] = {}
-    with server(kind) as (port, pid):
+    with server(kind) as (port, pid), placed(pid):
         sequential = (
             torch_sequential(port, pid)
             if kind == "torch"
@@ -634,6 +663,7 @@ UNITS = {
 
 
 def main() -> None:
+    global PLACEMENT, ROUNDS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-torch", action="store_true", help="measure aioelastic only")
     parser.add_argument(
@@ -649,7 +679,21 @@ def main() -> None:
         action="store_true",
         help="measure only torch's client against our server and against torch's",
     )
+    parser.add_argument(
+        "--placement",
+        choices=("free", "same", "apart"),
+        default=PLACEMENT,
+        help="where the sequential rows' client and server run: the scheduler's choice, pinned "
+        "to one CPU, or pinned to two (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=ROUNDS,
+        help="alternating rounds of the blocking clients' sequential rows (default: %(default)s)",
+    )
     args = parser.parse_args()
+    PLACEMENT, ROUNDS = args.placement, args.rounds
     if args.security:
         print_security()
         return
@@ -665,9 +709,10 @@ def main() -> None:
     for name, value in ours.items():
         unit = next(u for prefix, u in UNITS.items() if name.startswith(prefix))
         print(Row(name, unit, value, theirs.get(name)).render())
-    if args.hot_path:
+    if HAVE_TORCH and not args.no_torch:
         print()
-        print_blocking(theirs)
+        print_blocking()
+    if args.hot_path:
         return
     print()
     print_security()
@@ -676,23 +721,43 @@ def main() -> None:
         print_torch_protocol()
 
 
-def measure_blocking() -> dict[str, float]:
-    """The hot-path rows with our blocking client (BlockingTCPStore) against our server."""
-    figures: dict[str, float] = {}
-    with server("ours") as (port, pid):
-        for op, rate in torch_sequential(port, pid, connect=blocking_client).items():
-            figures[f"sequential {op}"] = rate.per_second
-            figures[f"  client CPU per {op}"] = rate.client_us
-            figures[f"  server CPU per {op}"] = rate.server_us
-    with server("ours") as (port, pid):
-        figures.update(many_processes("ours-blocking", port, pid))
-    return figures
+BLOCKING_OPS = ("set", "get", "add", "compare_set")
 
 
-def print_blocking(theirs: dict[str, float]) -> None:
-    """Like with like: blocking clients on both sides (torch's C++ client is blocking)."""
-    ours = measure_blocking()
-    print("Blocking clients: aioelastic's BlockingTCPStore and server vs torch's client and server")
+def measure_blocking() -> tuple[dict[str, float], dict[str, float]]:
+    """The hot-path rows with our blocking client (BlockingTCPStore) against our server, and
+    with torch's client against torch's server in the same minutes: ``ROUNDS`` alternating
+    rounds of the sequential rows (medians), then each 16-process row. Returns (ours, torch)."""
+    runs: dict[str, dict[str, list[Rate]]] = {"ours": {}, "torch": {}}
+    with server("ours") as (ours_port, ours_pid), server("torch") as (torch_port, torch_pid):
+        for _ in range(ROUNDS):
+            with placed(ours_pid):
+                ours = torch_sequential(ours_port, ours_pid, BLOCKING_OPS, blocking_client)
+            with placed(torch_pid):
+                theirs = torch_sequential(torch_port, torch_pid, BLOCKING_OPS)
+            for kind, rates in (("ours", ours), ("torch", theirs)):
+                for op, rate in rates.items():
+                    runs[kind].setdefault(op, []).append(rate)
+    figures: dict[str, dict[str, float]] = {"ours": {}, "torch": {}}
+    for kind, by_op in runs.items():
+        for op, rates in by_op.items():
+            figures[kind][f"sequential {op}"] = statistics.median(r.per_second for r in rates)
+            figures[kind][f"  client CPU per {op}"] = statistics.median(r.client_us for r in rates)
+            figures[kind][f"  server CPU per {op}"] = statistics.median(r.server_us for r in rates)
+    for kind, worker_kind in (("ours", "ours-blocking"), ("torch", "torch")):
+        with server(kind) as (port, pid):
+            figures[kind].update(many_processes(worker_kind, port, pid))
+    return figures["ours"], figures["torch"]
+
+
+def print_blocking() -> None:
+    """Like with like: blocking clients on both sides (torch's C++ client is blocking), both
+    measured in the same minutes."""
+    ours, theirs = measure_blocking()
+    print(
+        "Blocking clients: aioelastic's BlockingTCPStore and server vs torch's client and server "
+        f"(sequential rows: median of {ROUNDS} alternating rounds)"
+    )
     print(f"{'workload':<34} {'unit':<7} {'aioelastic':>12} {'torch':>12} {'ratio':>7}")
     for name, value in ours.items():
         unit = next(u for prefix, u in UNITS.items() if name.startswith(prefix))
