@@ -196,6 +196,10 @@ class ProtocolConnection(asyncio.Protocol, Sender):
 
     def data_received(self, data: bytes) -> None:
         link = self.link
+        if (torch := link.torch) is not None:  # a torch client: its session is all there is
+            if replies := torch.receive(data):
+                self.transport.write(replies)
+            return
         replies = link.received(data)
         if replies:
             self.transport.write(replies)

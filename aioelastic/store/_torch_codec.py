@@ -219,17 +219,19 @@ def _pairs(
     return pairs, pos
 
 
-def _compile(layout: str) -> Callable[..., FastReader]:
-    """Compile ``layout`` into ``make(build, max_key, max_value, max_keys, strip) -> read``."""
-    lines = [
-        "def make(build, max_key, max_value, max_keys, strip):",
-        "    def read(data, pos):",
-        "        size = len(data)",
-    ]
+def _compile(layout: str) -> tuple[Callable[..., FastReader], Callable[..., FastReader]]:
+    """Compile ``layout`` into ``make(build, max_key, max_value, max_keys, strip) -> read``,
+    whose reader returns ``build(*fields)``, and the same for a ``build`` that is a named
+    tuple class (built with ``tuple.__new__``, without the class's Python ``__new__``)."""
+    fields = ", ".join(f"v{i}" for i in range(len(layout)))
+    body = ["    def read(data, pos):", "        size = len(data)"]
     for i, code in enumerate(layout):
-        lines += [f"        {line}" for line in _READ_FIELD[code].format(i=i).splitlines()]
-    lines.append(f"        return build({', '.join(f'v{i}' for i in range(len(layout)))}), pos")
-    lines.append("    return read")
+        body += [f"        {line}" for line in _READ_FIELD[code].format(i=i).splitlines()]
+    lines = ["def make(build, max_key, max_value, max_keys, strip):", *body]
+    lines += [f"        return build({fields}), pos", "    return read", ""]
+    lines += ["def make_tuple(build, max_key, max_value, max_keys, strip):", *body]
+    as_tuple = f"({fields},)" if fields else "()"
+    lines += [f"        return _new(build, {as_tuple}), pos", "    return read"]
     namespace: dict[str, Any] = {
         "_u64_at": _U64.unpack_from,
         "_i64_at": _I64.unpack_from,
@@ -237,13 +239,17 @@ def _compile(layout: str) -> Callable[..., FastReader]:
         "_keys": _keys,
         "_pairs": _pairs,
         "_Slow": _Slow,
+        "_new": tuple.__new__,
     }
     exec("\n".join(lines), namespace)
-    make: Callable[..., FastReader] = namespace["make"]
-    return make
+    return namespace["make"], namespace["make_tuple"]
 
 
 _MAKERS = {op: _compile(layout) for op, layout in REQUEST_LAYOUT.items()}
+
+
+def _named_tuple(build: object) -> bool:
+    return isinstance(build, type) and issubclass(build, tuple) and hasattr(build, "_fields")
 
 
 def _unknown(data: bytes, pos: int) -> tuple[Any, int]:
@@ -309,9 +315,10 @@ class TorchDecoder(Generic[R]):
         self.store_keys = store_keys
         self._build: Mapping[TorchOp, Callable[..., Any]] = _PLAIN if build is None else build
         self._readers: list[FastReader] = [_unknown] * 256
-        for op, make in _MAKERS.items():
-            self._readers[op] = make(
-                self._build[op], max_key_size, max_value_size, max_keys, store_keys
+        for op, (make, make_tuple) in _MAKERS.items():
+            cls = self._build[op]
+            self._readers[op] = (make_tuple if _named_tuple(cls) else make)(
+                cls, max_key_size, max_value_size, max_keys, store_keys
             )
         self._buffer = bytearray()
         self._need = 0  # don't re-parse before the buffer holds this many bytes
