@@ -245,9 +245,14 @@ class _Slow(Exception):
     """Raised by a compiled decoder for a frame it leaves to the reference readers."""
 
 
-def _compile(layout: str) -> tuple[Encoder, Callable[[bytes], list[Field]]]:
-    """Compile ``layout`` into ``encode(kind, request_id, *fields) -> frame`` and
-    ``decode(body) -> fields`` (the body's 5-byte header skipped)."""
+def _compile(
+    layout: str,
+) -> tuple[
+    Encoder, Callable[[bytes], list[Field]], Callable[[Callable[..., R]], Callable[[bytes], R]]
+]:
+    """Compile ``layout`` into ``encode(kind, request_id, *fields) -> frame``,
+    ``decode(body) -> fields`` (the body's 5-byte header skipped) and
+    ``reader(build) -> read(body) -> build(request_id, *fields)`` (no list in between)."""
     names = [f"f{i}" for i in range(len(layout))]
     statements, pieces, sizes = [], ["_header(size, kind, request_id)"], ["5"]
     for i, (code, name) in enumerate(zip(layout, names, strict=True)):
@@ -264,7 +269,12 @@ def _compile(layout: str) -> tuple[Encoder, Callable[[bytes], list[Field]]]:
     for i, code in enumerate(layout):
         decoder_lines += [f"    {line}" for line in _DECODE_FIELD[code].format(i=i).splitlines()]
     decoder_lines.append("    if pos != size: raise _Slow")
-    decoder_lines.append(f"    return [{', '.join(f'v{i}' for i in range(len(layout)))}]")
+    fields = ", ".join(f"v{i}" for i in range(len(layout)))
+    reader_lines = ["def reader(build):", *(f"    {line}" for line in decoder_lines)]
+    reader_lines[1] = "    def read(body):"
+    reader_lines.append(f"        return build(_u32_at(body, 1)[0], {fields})".replace(", )", ")"))
+    reader_lines.append("    return read")
+    decoder_lines.append(f"    return [{fields}]")
     namespace: dict[str, Any] = {
         "_header": _HEADER.pack,
         "_u32": _U32.pack,
@@ -280,8 +290,9 @@ def _compile(layout: str) -> tuple[Encoder, Callable[[bytes], list[Field]]]:
         "_Slow": _Slow,
         "_MAX_DIGITS": _MAX_DIGITS,
     }
-    exec("\n".join(encoder_lines) + "\n\n" + "\n".join(decoder_lines), namespace)
-    return namespace["encode"], namespace["decode"]
+    source = "\n\n".join("\n".join(lines) for lines in (encoder_lines, decoder_lines, reader_lines))
+    exec(source, namespace)
+    return namespace["encode"], namespace["decode"], namespace["reader"]
 
 
 def encode_preamble(version: int = VERSION) -> bytes:
@@ -432,13 +443,14 @@ class _Codec(NamedTuple):
     arity: int
     encode: Encoder
     decode: Callable[[bytes], list[Field]]
+    reader: Callable[[Callable[..., Any]], Callable[[bytes], Any]]
     readers: tuple[Reader, ...]
 
 
 @functools.cache
 def _codec(layout: str) -> _Codec:
-    encode, decode = _compile(layout)
-    return _Codec(len(layout), encode, decode, tuple(_READERS[code] for code in layout))
+    encode, decode, reader = _compile(layout)
+    return _Codec(len(layout), encode, decode, reader, tuple(_READERS[code] for code in layout))
 
 
 _REQUEST_CODECS = {op: _codec(layout) for op, layout in REQUEST_FIELDS.items()}
@@ -463,17 +475,16 @@ R = TypeVar("R")
 
 def request_reader(classes: dict[Op, Callable[..., R]]) -> Callable[[bytes], R]:
     """``read(body) -> classes[op](request_id, *fields)``: :func:`decode_request_fields` and
-    the construction in one step (the server's per-request path: no tuple in between), with
-    the same errors for a bad frame."""
-    table = {op.value: (build, _REQUEST_CODECS[op].decode) for op, build in classes.items()}
-    header = _BODY_HEADER.unpack_from
+    the construction in one step (the server's per-request path: no tuple or list in between),
+    with the same errors for a bad frame."""
+    table: dict[int, Callable[[bytes], R]] = {
+        op.value: _REQUEST_CODECS[op].reader(build) for op, build in classes.items()
+    }
 
     def read(body: bytes) -> R:
         try:
-            code, request_id = header(body)
-            build, decode = table[code]
-            return build(request_id, *decode(body))
-        except _SLOW_PATH:
+            return table[body[0]](body)
+        except (*_SLOW_PATH, IndexError):
             op, request_id, fields = _decode_slowly(body, _REQUEST_KINDS, "operation")
             return classes[op](request_id, *fields)
 

@@ -300,6 +300,8 @@ class Session:
 
     def receive(self, data: bytes) -> bytes:
         """Take received bytes; return the replies to send now (maybe empty)."""
+        if self.phase is Phase.OPEN and not self.closing and self.torch_bytes is None:
+            return self._requests(data)  # (checked first: every request of a client is here)
         if self.closing or self.phase is Phase.CLOSED or self.torch_bytes is not None:
             return b""
         if self.phase is Phase.PREAMBLE and not self.pending and looks_like_torch(data):
