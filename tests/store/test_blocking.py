@@ -328,6 +328,58 @@ def test_a_late_reply_to_another_request_is_skipped() -> None:
         assert store.get("k") == b"right"
 
 
+class CountingSocket:
+    """A client's real socket, counting its setsockopt calls."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.options: list[int] = []
+
+    def setsockopt(self, level: int, option: int, value: bytes) -> None:
+        self.options.append(option)
+        self.sock.setsockopt(level, option, value)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def test_alternating_sets_and_gets_keep_the_sockets_timeouts(client: BlockingTCPStore) -> None:
+    """A set (bounded by the client's timeout) and a get (by its wait and the grace) take
+    turns without a setsockopt each: the kernel's receive timeout need only not outlast a
+    call's bound (it was two system calls a call, a fifth of the 16-process row's)."""
+    counting = CountingSocket(client._connection.sock)
+    client._connection.sock = counting  # type: ignore[assignment]
+    for i in range(20):
+        client.set(f"k{i}", b"v")
+        assert client.get(f"k{i}") == b"v"
+    assert len(counting.options) <= 2  # the first call's, if any
+
+
+def test_a_reply_after_the_kernels_timeout_still_answers_its_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wait whose bound is longer than the socket's receive timeout receives again when
+    that expires, and gets its reply; a shorter call after it is bounded by its own bound."""
+    monkeypatch.setattr("aioelastic.store._blocking.REPLY_GRACE", 0.4)
+
+    def late_then_silent(connection: socket.socket) -> None:
+        reader = welcome(connection)
+        connection.sendall(encode_reply(Status.BOOL, next_request(connection, reader), True))
+        request_id = next_request(connection, reader)
+        threading.Event().wait(0.6)  # past the socket's 0.4 s, inside the get's 0.3 + 0.4 s
+        connection.sendall(encode_reply(Status.BYTES, request_id, b"late"))
+        next_request(connection, reader)  # and the check gets nothing
+
+    with (
+        fake_server(late_then_silent) as port,
+        BlockingTCPStore("127.0.0.1", port, timeout=0.4) as store,
+    ):
+        assert store.check(["k"]) is True  # the receive timeout is 0.4 s now
+        assert store.get("k", timeout=0.3) == b"late"
+        with pytest.raises(StoreConnectionError, match=r"within 0.4 s"):
+            store.check(["k"])
+
+
 def test_close_from_another_thread_ends_a_blocked_call() -> None:
     """A get blocked on the socket raises StoreClosedError when another thread closes."""
     arrived = threading.Event()
