@@ -1,18 +1,26 @@
 """Waiting on etcd for :class:`~aioelastic.store.EtcdStore`: watches that survive their member.
 
 A wait is a watch from a revision; concurrent equal waits share one watch (:class:`SharedCalls`,
-run in the store's task group). aetcd's watch dies with the member holding its stream, and a
-stalled member (paused, or cut off) keeps its stream open and silent, so each watch runs beside
-a probe: a small read every request timeout, which fails once the member stops answering. On
-either failure the watch is re-opened from the same revision on the next member, with backoff,
-until the members have failed for the retry budget. A compacted start revision ends the wait
-early (the caller re-reads). A watch replays history only after a short delay, so a wait that
-timed out checks the history with one read before it gives up (:meth:`Watches.changed_since`).
+run in the store's task group). Every watch of a store on one member goes over one
+bidirectional Watch stream (:class:`WatchStream`): etcd gives each create request on a stream a
+watch id, and tags each response with it, so a watch costs a create and a cancel message, not a
+stream of its own (opening and closing a gRPC stream costs more CPU than a unary call). The
+stream's creates are written in order and etcd confirms them in order, which is how a created
+response finds its watch. A watch's stream dies with the member holding it, and a stalled member
+(paused, or cut off) keeps its stream open and silent, so each stream runs beside a probe: a
+small read every request timeout, which fails once the member stops answering. On either
+failure every watch of the stream is re-opened from its own start revision on the next member,
+with backoff, until the members have failed for the retry budget. A compacted start revision
+ends the wait early (the caller re-reads). A watch replays history only after a short delay, so
+a wait that timed out checks the history with one read before it gives up
+(:meth:`Watches.changed_since`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,8 +57,147 @@ class Fired:
     written: Mapping[bytes, bytes] = field(default_factory=dict)
 
 
+class WatchStream:
+    """One bidirectional Watch stream to ``member``, shared by every watch the store makes there.
+
+    :meth:`open` returns a :class:`StreamWatch`, which reads and writes as a stream of its own
+    would: its create requests go out under the stream's lock, in order, and the created
+    response that comes back next binds the next watch id to it; responses then reach it by
+    their watch id. Closing a watch cancels its ids (a cancel request), freeing them. When the
+    stream fails (an error, its end, or the probe: the member stopped answering) every watch on
+    it fails with that error, and the next watch opens a new stream.
+    """
+
+    def __init__(self, member: Member, call: Any, task_group: TaskGroup) -> None:
+        self.member = member
+        self._call = call
+        self._tg = task_group
+        self._lock = anyio.Lock()  # grpc allows one write in flight on a stream
+        self._creating: deque[StreamWatch] = deque()  # creates sent, awaiting their ids
+        self._watches: dict[int, StreamWatch] = {}  # watch id -> its watch
+        self.error: BaseException | None = None
+
+    def __len__(self) -> int:
+        """Watch ids in use: created ones, and creates not yet confirmed."""
+        return len(self._watches) + len(self._creating)
+
+    def open(self) -> StreamWatch:
+        """A new watch on this stream (created by the requests written to it)."""
+        return StreamWatch(self)
+
+    async def run(self, probe: Callable[[Member], Awaitable[None]]) -> None:
+        """Read the stream and hand each response to its watch, beside ``probe(member)``
+        (which raises once the member stops answering), until either fails."""
+        try:
+            await first_of(self._read, functools.partial(probe, self.member))
+        except Exception as error:
+            self.fail(error)
+        finally:
+            self._call.cancel()
+
+    async def _read(self) -> None:
+        while True:
+            response = await settle(self._call.read())
+            if response is grpc.aio.EOF:
+                raise StoreConnectionError(self.member.address, "the watch stream ended")
+            if response.created:
+                watch = self._creating.popleft()
+                if not response.canceled:
+                    watch.ids.append(response.watch_id)
+                    self._watches[response.watch_id] = watch
+                    if watch.closed:
+                        self._cancel_soon(response.watch_id)
+                watch.deliver(response)
+                continue
+            if response.canceled:
+                found = self._watches.pop(response.watch_id, None)
+            else:
+                found = self._watches.get(response.watch_id)
+            if found is not None:
+                found.deliver(response)
+
+    def fail(self, error: BaseException) -> None:
+        """End the stream: every watch on it fails with ``error`` (the first one given)."""
+        if self.error is None:
+            self.error = error
+        watches = {id(watch): watch for watch in (*self._creating, *self._watches.values())}
+        self._creating.clear()
+        self._watches.clear()
+        for watch in watches.values():
+            watch.fail(self.error)
+        self._call.cancel()
+
+    async def create(self, watch: StreamWatch, request: Any) -> None:
+        """Write ``request`` (a create) for ``watch``; its id comes with the next created."""
+        async with self._lock:
+            if self.error is not None:
+                raise self.error
+            self._creating.append(watch)
+            try:
+                await settle(self._call.write(request))
+            except Exception as error:
+                self.fail(error)
+                raise
+
+    def _cancel_soon(self, watch_id: int) -> None:
+        """Cancel ``watch_id`` (from a closing watch, which may itself be cancelled)."""
+        self._watches.pop(watch_id, None)
+        if self.error is None:
+            with contextlib.suppress(RuntimeError):  # the store's task group has closed
+                self._tg.start_soon(self._cancel, watch_id)
+
+    async def _cancel(self, watch_id: int) -> None:
+        cancel = rpc.WatchRequest(cancel_request=rpc.WatchCancelRequest(watch_id=watch_id))
+        async with self._lock:
+            if self.error is not None:
+                return
+            try:
+                await settle(self._call.write(cancel))
+            except Exception as error:
+                self.fail(error)
+
+
+class StreamWatch:
+    """One watch on a :class:`WatchStream` (one or more watch ids): ``write`` its create
+    requests, ``read`` its responses; :meth:`close` cancels its ids."""
+
+    def __init__(self, stream: WatchStream) -> None:
+        self._stream = stream
+        self.ids: list[int] = []
+        self.closed = False
+        self._responses: deque[Any] = deque()
+        self._arrived = anyio.Event()
+        self._error: BaseException | None = None
+
+    async def write(self, request: Any) -> None:
+        await self._stream.create(self, request)
+
+    async def read(self) -> Any:
+        while not self._responses:
+            if self._error is not None:
+                raise self._error
+            await self._arrived.wait()
+            self._arrived = anyio.Event()
+        return self._responses.popleft()
+
+    def deliver(self, response: Any) -> None:
+        self._responses.append(response)
+        self._arrived.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._arrived.set()
+
+    def close(self) -> None:
+        """Cancel this watch's ids (any created later are cancelled as they come)."""
+        self.closed = True
+        ids, self.ids = self.ids, []
+        for watch_id in ids:
+            self._stream._cancel_soon(watch_id)
+
+
 class Watches:
-    """Shared, failing-over watches on ``conn``.
+    """Shared, failing-over watches on ``conn``, over one :class:`WatchStream` a member.
 
     ``probe_key`` is read (keys only) to tell a live member from a stalled one; ``revision()``
     returns the store revision now; ``on_resumed`` hears of each watch re-opened after a failure.
@@ -70,16 +217,39 @@ class Watches:
         self._revision = revision
         self._on_resumed = on_resumed
         self._shared: SharedCalls[Hashable, Fired] = SharedCalls(join_running=True, closed=closed)
+        self._streams: dict[str, WatchStream] = {}  # member address -> its stream
+
+    def streams(self) -> list[WatchStream]:
+        """The open streams (one a member at most)."""
+        return [stream for stream in self._streams.values() if stream.error is None]
 
     async def watch(self, task_group: TaskGroup, ranges: Ranges, start_revision: int) -> Fired:
         """Return once a key in ``ranges`` changes at ``start_revision`` or later (or that
         history was compacted: then with nothing written); concurrent equal waits share one
         watch, which runs in ``task_group``."""
         key = (tuple(ranges), start_revision)
-        watch = functools.partial(self._watch_failing_over, ranges, start_revision)
+        watch = functools.partial(self._watch_failing_over, task_group, ranges, start_revision)
         return await self._shared.call(task_group, key, watch)
 
-    async def _watch_failing_over(self, ranges: Ranges, start_revision: int) -> Fired:
+    async def stream(self, task_group: TaskGroup, member: Member) -> WatchStream:
+        """The open stream to ``member``, opened (its reader and probe in ``task_group``) if
+        there is none."""
+        stream = self._streams.get(member.address)
+        if stream is None or stream.error is not None:
+            await self._conn.authenticate(member)
+            stream = self._streams.get(member.address)  # another watch may have opened one
+            if stream is not None and stream.error is None:
+                return stream
+            # "hasleader": etcd ends the stream if this member loses its leader (no stale waits).
+            self._conn.requests += 1
+            call = member.watch.Watch(metadata=(*(member.metadata or ()), ("hasleader", "true")))
+            stream = self._streams[member.address] = WatchStream(member, call, task_group)
+            task_group.start_soon(stream.run, self._probe)
+        return stream
+
+    async def _watch_failing_over(
+        self, task_group: TaskGroup, ranges: Ranges, start_revision: int
+    ) -> Fired:
         """:meth:`watch` for one caller, re-watching on another member on failure."""
         failing_since: float | None = None
         delay = 0.05
@@ -91,7 +261,9 @@ class Watches:
         while True:
             member = self._conn.current
             try:
-                revision = await settle(self._watch_on(member, ranges, start_revision, established))
+                revision = await self._watch_on(
+                    task_group, member, ranges, start_revision, established
+                )
             except Exception as error:
                 if is_rpc_error(error) and not is_retryable(error):
                     raise self._conn.rejected(member, "watch", error) from None
@@ -113,37 +285,27 @@ class Watches:
 
     async def _watch_on(
         self,
+        task_group: TaskGroup,
         member: Member,
         ranges: Ranges,
         start_revision: int,
         established: Callable[[], None],
     ) -> Fired | None:
-        """Watch ``ranges`` on ``member`` while probing that it still answers.
-
-        A stalled member keeps its stream open and silent, and grpc's keepalive may take a
-        minute to notice; the probe notices within two request timeouts.
-        """
-        await self._conn.authenticate(member)
-        # "hasleader": etcd ends the watch if this member loses its leader (no stale waits).
-        self._conn.requests += 1
-        call = member.watch.Watch(metadata=(*(member.metadata or ()), ("hasleader", "true")))
+        """Watch ``ranges`` on ``member``'s stream (which its probe fails once ``member``
+        stops answering: grpc's keepalive may take a minute to notice a stalled member)."""
+        stream = await self.stream(task_group, member)
+        watch = stream.open()
         try:
-            return await first_of(
-                functools.partial(
-                    _read_watch,
-                    call,
-                    member,
-                    ranges,
-                    start_revision,
-                    established,
-                    self._changed_in_gap,
-                ),
-                functools.partial(self._probe, member),
+            return await _read_watch(
+                watch, member, ranges, start_revision, established, self._changed_in_gap
             )
+        except StoreConnectionError as error:
+            stream.fail(error)  # "etcd cancelled the watch" or the stream's end: start afresh
+            raise
         finally:
-            call.cancel()
+            watch.close()
 
-    async def _probe(self, member: Member) -> Fired | None:
+    async def _probe(self, member: Member) -> None:
         """Raise :class:`StoreConnectionError` once ``member`` stops answering a small read
         (one every request timeout); never returns otherwise."""
         timeout = self._conn.request_timeout
@@ -221,12 +383,10 @@ async def _read_watch(
     """
     for key, end in ranges:
         create = rpc.WatchCreateRequest(key=key, range_end=end)
-        await settle(call.write(rpc.WatchRequest(create_request=create)))
+        await call.write(rpc.WatchRequest(create_request=create))
     created = 0
     while True:
-        response = await settle(call.read())
-        if response is grpc.aio.EOF:
-            raise StoreConnectionError(member.address, "the watch stream ended")
+        response = await call.read()
         if response.compact_revision:
             return None
         if response.events:
