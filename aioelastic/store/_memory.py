@@ -2,12 +2,12 @@
 
 Theory of operation. Every mutation (write, delete, expiry) takes the next revision and records
 it per key in ``_changed`` (deleted keys keep a tombstone there, so a delete is a change too).
-Waiters register an event, either on one missing key (``get``/``wait``) or on a prefix
-(``wait_for_change``); a mutation sets the events of the waiters it concerns. Keys are also
-kept in a directory tree (:mod:`._keyindex`), so a prefix read, a "changed since" check and
-finding the waiters a change concerns cost what the prefix holds or the key's depth, never a
-scan of the whole store: a thousand nodes each watching their own keys cost a thousand times
-one node, not a million. Expiry is lazy:
+Waiters register a signal (a future on asyncio), either on one missing key (``get``/``wait``)
+or on a prefix (``wait_for_change``); a mutation fires the signals of the waiters it concerns.
+Keys are also kept in a directory tree (:mod:`._keyindex`), so a prefix read, a "changed since"
+check and finding the waiters a change concerns cost what the prefix holds or the key's depth,
+never a scan of the whole store: a thousand nodes each watching their own keys cost a thousand
+times one node, not a million. Expiry is lazy:
 every call first removes the keys whose deadline passed. A prefix waiter also sleeps on the
 clock until the earliest deadline under its prefix, so an expiry wakes it at the expiry time
 without any background task. Timeouts run on the same clock, so a test moves time for both.
@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import anyio
 
@@ -30,6 +31,8 @@ from aioelastic._clock import Clock, MonotonicClock
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._errors import StoreClosedError, StoreTimeoutError, StoreValueError
 from aioelastic.store._keyindex import Directory, KeyIndex, split
+
+T = TypeVar("T")
 
 _TOMBSTONE_SLACK = 1024
 """Deleted keys remembered (for change notification) beyond the number of live keys."""
@@ -55,24 +58,102 @@ class MemoryStoreStatistics:
     """Waiters woken by changes, since creation."""
 
 
-class _KeyWaiters:
-    """The calls waiting for one missing key: they share one event (a thousand nodes waiting
-    for a round's result cost one event, not a thousand)."""
-
-    __slots__ = ("count", "event")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.count = 0
+Signal = asyncio.Future[None] | anyio.Event
+"""What one waiting call waits on: a bare future on asyncio (awaited by the call itself: no
+Event, no wait coroutines, no per-Event deque), an anyio Event on other backends."""
 
 
-def checkpoint() -> Awaitable[None]:
-    """:func:`anyio.lowlevel.checkpoint`; on asyncio the ``sleep(0)`` it comes down to, taken
-    directly: each store call takes one, and this one holds two coroutines fewer while every
-    other simulated node takes its turn."""
+def new_signal() -> Signal:
+    """A signal for one waiting call, of the running loop's kind."""
+    loop = asyncio._get_running_loop()
+    return loop.create_future() if loop is not None else anyio.Event()
+
+
+def fire(signal: Signal) -> None:
+    """Wake the call waiting on ``signal`` (a no-op once it woke or gave up)."""
+    if isinstance(signal, asyncio.Future):
+        if not signal.done():
+            signal.set_result(None)
+    else:
+        signal.set()
+
+
+def fired(signal: Signal) -> bool:
+    """Whether ``signal`` was fired (not given up on: a cancelled call cancels its future)."""
+    if isinstance(signal, asyncio.Future):
+        return signal.done() and not signal.cancelled()
+    return signal.is_set()
+
+
+def wait_on(signal: Signal) -> Awaitable[None]:
+    """What a call awaits until ``signal`` fires."""
+    return signal if isinstance(signal, asyncio.Future) else signal.wait()
+
+
+class Call(Coroutine[Any, None, T]):
+    """A store call as one object: on its first step it runs ``function(*args)`` (the
+    synchronous state machine) and yields to the loop once, the bare yield that
+    ``anyio.lowlevel.checkpoint()`` comes down to on asyncio (``sleep(0)``); then it returns
+    what ``function`` returned. Nothing runs before it is awaited, as with a coroutine (a
+    :class:`~aioelastic.testing.FaultyStore` may close it unstarted).
+
+    An ``async def`` call awaiting a checkpoint holds three objects (its coroutine, the
+    ``sleep`` coroutine and its generator) while every other simulated node takes its turn,
+    each living long enough to be promoted to the collector's oldest generation.
+    """
+
+    __slots__ = ("_args", "_function", "_state", "_store", "_value")
+
+    def __init__(self, function: Callable[..., T], store: object, *args: Any) -> None:
+        # The store apart from the arguments: a tuple of keys and values alone (str, bytes,
+        # numbers) is one the collector stops tracking at its first pass, before promoting it.
+        self._function, self._store, self._args, self._state = function, store, args, 0
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self  # type: ignore[return-value]  # its own iterator, as a coroutine is
+
+    def __next__(self) -> None:
+        return self.send(None)
+
+    def send(self, _: None) -> None:
+        if self._state == 0:
+            self._state = 1
+            self._value = self._function(self._store, *self._args)
+            return  # the checkpoint
+        if self._state == 1:
+            self._state = 2
+            raise StopIteration(self._value)
+        raise RuntimeError("cannot reuse an already awaited store call")
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> None:
+        self._state = 2
+        raise typ if val is None else val
+
+    def close(self) -> None:
+        self._state = 2
+
+
+def call(function: Callable[..., T], store: object, *args: Any) -> Coroutine[Any, Any, T]:
+    """``function(store, *args)`` as a store call: run when awaited, then a checkpoint of the
+    running loop's kind (:class:`Call` on asyncio)."""
     if asyncio._get_running_loop() is not None:
-        return asyncio.sleep(0)
-    return anyio.lowlevel.checkpoint()
+        return Call(function, store, *args)
+    return _call_then_checkpoint(function, store, *args)
+
+
+def checkpoint() -> Coroutine[Any, Any, None]:
+    """:func:`anyio.lowlevel.checkpoint`, as one object on asyncio (see :class:`Call`)."""
+    return call(_nothing, None)
+
+
+def _nothing(_: object) -> None:
+    return None
+
+
+async def _call_then_checkpoint(function: Callable[..., T], store: object, *args: Any) -> T:
+    value = function(store, *args)
+    await anyio.lowlevel.checkpoint()
+    return value
 
 
 def check_ttl(ttl: float | None) -> None:
@@ -115,8 +196,8 @@ class MemoryStore(Store):
         self._revision = 0
         self._expiry: dict[str, float] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap; stale entries skipped lazily
-        self._key_waiters: dict[str, _KeyWaiters] = {}
-        self._change_waiters: dict[str, list[tuple[str, anyio.Event]]] = {}  # by directory
+        self._key_waiters: dict[str, set[Signal]] = {}  # by the missing key each waits for
+        self._change_waiters: dict[str, list[tuple[str, Signal]]] = {}  # by directory
         self._closed = False
         self._waiters_examined = 0
         self._wakeups = 0
@@ -137,7 +218,7 @@ class MemoryStore(Store):
             revision=self._revision,
             expiring_keys=len(self._expiry),
             tombstones=len(self._changed) - len(self._data),
-            key_waiters=sum(waiters.count for waiters in self._key_waiters.values()),
+            key_waiters=sum(len(waiters) for waiters in self._key_waiters.values()),
             change_waiters=sum(len(waiters) for waiters in self._change_waiters.values()),
             keys_examined=self._index.examined,
             waiters_examined=self._waiters_examined,
@@ -157,8 +238,9 @@ class MemoryStore(Store):
             if key_waiters and key in self._data:
                 woken = key_waiters.pop(key, None)
                 if woken is not None:
-                    self._wakeups += woken.count
-                    woken.event.set()
+                    self._wakeups += len(woken)
+                    for signal in woken:
+                        fire(signal)
             if self._change_waiters:
                 self._wake_change_waiters(key, home)
 
@@ -171,12 +253,12 @@ class MemoryStore(Store):
             if waiters is not None:
                 self._waiters_examined += len(waiters)
                 kept = []
-                for prefix, event in waiters:
+                for prefix, signal in waiters:
                     if key.startswith(prefix):
                         self._wakeups += 1
-                        event.set()
+                        fire(signal)
                     else:
-                        kept.append((prefix, event))
+                        kept.append((prefix, signal))
                 if kept:
                     change_waiters[home.path] = kept
                 else:
@@ -316,6 +398,12 @@ class MemoryStore(Store):
         self._data[key] = self._data.get(key, b"") + data
         self._changed_keys((key,))
 
+    def _set_ttl(self, key: str, value: Value, ttl: float | None) -> None:
+        self.set_nowait(key, value, ttl=ttl)
+
+    def _get_prefix_checked(self, prefix: str) -> Snapshot:
+        return self.get_prefix_nowait(check_key(prefix))
+
     def get_prefix_nowait(self, prefix: str) -> Snapshot:
         """Synchronous :meth:`get_prefix`."""
         self._ready()
@@ -367,86 +455,67 @@ class MemoryStore(Store):
             if values is not None:
                 return values
             missing = next(key for key in keys if key not in self._data)
-            waiters = self._key_waiters.get(missing)
-            if waiters is None:
-                waiters = self._key_waiters[missing] = _KeyWaiters()
-            waiters.count += 1
-            event = waiters.event
+            signal = new_signal()
+            self._key_waiters.setdefault(missing, set()).add(signal)
             try:
                 if deadline == math.inf:  # waited here, not in a helper: a waiting call
                     # holds one coroutine fewer while every other simulated node waits too
-                    await event.wait()
+                    await wait_on(signal)
                 else:
                     with self.clock.move_on_at(deadline):
-                        await event.wait()
+                        await wait_on(signal)
             finally:
-                if not event.is_set():
-                    waiters.count -= 1
-                    if not waiters.count and self._key_waiters.get(missing) is waiters:
-                        del self._key_waiters[missing]
-            fired = event.is_set()
-            if not fired and self.get_nowait(keys) is None:
+                if not fired(signal):
+                    waiters = self._key_waiters.get(missing)
+                    if waiters is not None:
+                        waiters.discard(signal)
+                        if not waiters:
+                            del self._key_waiters[missing]
+            if not fired(signal) and self.get_nowait(keys) is None:
                 raise StoreTimeoutError(
                     [key for key in keys if key not in self._data], resolved, self.endpoint
                 )
 
     # -- the Store contract -----------------------------------------------------------------
 
-    async def set(self, key: str, value: Value, *, ttl: float | None = None) -> None:
-        self.set_nowait(key, value, ttl=ttl)
-        await checkpoint()
+    def set(self, key: str, value: Value, *, ttl: float | None = None) -> Coroutine[Any, Any, None]:
+        return call(MemoryStore._set_ttl, self, key, value, ttl)
 
     async def get(self, key: str, *, timeout: float | None = None) -> bytes:
         return (await self._wait_keys((check_key(key),), timeout))[0]
 
-    async def add(self, key: str, amount: int) -> int:
-        total = self.add_nowait(key, amount)
-        await checkpoint()
-        return total
+    def add(self, key: str, amount: int) -> Coroutine[Any, Any, int]:
+        return call(MemoryStore.add_nowait, self, key, amount)
 
-    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
-        stored = self.compare_set_nowait(key, expected, desired)
-        await checkpoint()
-        return stored
+    def compare_set(self, key: str, expected: Value, desired: Value) -> Coroutine[Any, Any, bytes]:
+        return call(MemoryStore.compare_set_nowait, self, key, expected, desired)
 
     async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
         await self._wait_keys(keys, timeout)
 
-    async def check(self, keys: Sequence[str]) -> bool:
-        found = self.check_nowait(keys)
-        await checkpoint()
-        return found
+    def check(self, keys: Sequence[str]) -> Coroutine[Any, Any, bool]:
+        return call(MemoryStore.check_nowait, self, keys)
 
-    async def delete_key(self, key: str) -> bool:
-        existed = self.delete_nowait(key)
-        await checkpoint()
-        return existed
+    def delete_key(self, key: str) -> Coroutine[Any, Any, bool]:
+        return call(MemoryStore.delete_nowait, self, key)
 
-    async def num_keys(self) -> int:
-        count = self.num_keys_nowait()
-        await checkpoint()
-        return count
+    def num_keys(self) -> Coroutine[Any, Any, int]:
+        return call(MemoryStore.num_keys_nowait, self)
 
     async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
         return await self._wait_keys(keys, timeout)
 
-    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
-        self.multi_set_nowait(keys, values)
-        await checkpoint()
+    def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> Coroutine[Any, Any, None]:
+        return call(MemoryStore.multi_set_nowait, self, keys, values)
 
-    async def append(self, key: str, value: Value) -> None:
-        self.append_nowait(key, value)
-        await checkpoint()
+    def append(self, key: str, value: Value) -> Coroutine[Any, Any, None]:
+        return call(MemoryStore.append_nowait, self, key, value)
 
-    async def get_prefix(self, prefix: str) -> Snapshot:
-        snapshot = self.get_prefix_nowait(check_key(prefix))
-        await checkpoint()
-        return snapshot
+    def get_prefix(self, prefix: str) -> Coroutine[Any, Any, Snapshot]:
+        return call(MemoryStore._get_prefix_checked, self, prefix)
 
-    async def ttl_remaining(self, key: str) -> float | None:
-        remaining = self.ttl_remaining_nowait(key)
-        await checkpoint()
-        return remaining
+    def ttl_remaining(self, key: str) -> Coroutine[Any, Any, float | None]:
+        return call(MemoryStore.ttl_remaining_nowait, self, key)
 
     async def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None
@@ -455,29 +524,32 @@ class MemoryStore(Store):
         resolved, deadline = self._deadline(timeout)
         path = split(prefix)[0]
         while not self.changed_since(prefix, after):
-            event = anyio.Event()
-            waiter = (prefix, event)
+            signal = new_signal()
+            waiter = (prefix, signal)
             self._change_waiters.setdefault(path, []).append(waiter)
             until = min(deadline, self._next_expiry(prefix))
             try:  # waited here, as in _wait_keys
                 if until == math.inf:
-                    await event.wait()
+                    await wait_on(signal)
                 else:
                     with self.clock.move_on_at(until):
-                        await event.wait()
-                fired = event.is_set()
+                        await wait_on(signal)
             finally:
-                if not event.is_set():
+                if not fired(signal):
                     self._forget_change_waiter(path, waiter)
-            if not fired and self.clock.now() >= deadline and not self.changed_since(prefix, after):
+            if (
+                not fired(signal)
+                and self.clock.now() >= deadline
+                and not self.changed_since(prefix, after)
+            ):
                 raise StoreTimeoutError([f"{prefix}*"], resolved, self.endpoint)
         await checkpoint()
         return self._revision
 
-    def _forget_change_waiter(self, path: str, waiter: tuple[str, anyio.Event]) -> None:
+    def _forget_change_waiter(self, path: str, waiter: tuple[str, Signal]) -> None:
         waiters = self._change_waiters.get(path)
-        if waiters is not None:
-            waiters.remove(waiter)
+        if waiters is not None and waiter in waiters:  # a change may have taken it already:
+            waiters.remove(waiter)  # one that came after a cancel cancelled its future
             if not waiters:
                 del self._change_waiters[path]
 
@@ -485,10 +557,11 @@ class MemoryStore(Store):
         """Refuse further calls; calls waiting now raise :class:`StoreClosedError`."""
         self._closed = True
         for key_waiters in self._key_waiters.values():
-            key_waiters.event.set()
+            for signal in key_waiters:
+                fire(signal)
         for change_waiters in self._change_waiters.values():
-            for _, event in change_waiters:
-                event.set()
+            for _, signal in change_waiters:
+                fire(signal)
         self._key_waiters.clear()
         self._change_waiters.clear()
         await checkpoint()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from aioelastic.store._api import Snapshot, Store, Value
 from aioelastic.store._errors import StoreTimeoutError
@@ -13,6 +14,9 @@ class PrefixStore(Store):
 
     Like torch's ``PrefixStore``, it does not own ``store``: closing the view leaves the
     underlying store open. :meth:`num_keys` counts only the keys under the prefix.
+
+    A call whose result needs no rewriting hands back the inner store's own coroutine (a
+    waiting node holds one coroutine fewer: see :class:`~aioelastic.store._memory.Call`).
     """
 
     def __init__(self, prefix: str, store: Store) -> None:
@@ -41,8 +45,8 @@ class PrefixStore(Store):
         keys = [key[size:] if key.startswith(self._head) else key for key in error.keys]
         return StoreTimeoutError(keys, error.timeout, self.endpoint)
 
-    async def set(self, key: str, value: Value, *, ttl: float | None = None) -> None:
-        await self.store.set(self._key(key), value, ttl=ttl)
+    def set(self, key: str, value: Value, *, ttl: float | None = None) -> Coroutine[Any, Any, None]:
+        return self.store.set(self._key(key), value, ttl=ttl)
 
     async def get(self, key: str, *, timeout: float | None = None) -> bytes:
         try:
@@ -50,11 +54,11 @@ class PrefixStore(Store):
         except StoreTimeoutError as error:
             raise self._unprefixed(error) from None
 
-    async def add(self, key: str, amount: int) -> int:
-        return await self.store.add(self._key(key), amount)
+    def add(self, key: str, amount: int) -> Coroutine[Any, Any, int]:
+        return self.store.add(self._key(key), amount)
 
-    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
-        return await self.store.compare_set(self._key(key), expected, desired)
+    def compare_set(self, key: str, expected: Value, desired: Value) -> Coroutine[Any, Any, bytes]:
+        return self.store.compare_set(self._key(key), expected, desired)
 
     async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
         try:
@@ -62,11 +66,11 @@ class PrefixStore(Store):
         except StoreTimeoutError as error:
             raise self._unprefixed(error) from None
 
-    async def check(self, keys: Sequence[str]) -> bool:
-        return await self.store.check(self._keys(keys))
+    def check(self, keys: Sequence[str]) -> Coroutine[Any, Any, bool]:
+        return self.store.check(self._keys(keys))
 
-    async def delete_key(self, key: str) -> bool:
-        return await self.store.delete_key(self._key(key))
+    def delete_key(self, key: str) -> Coroutine[Any, Any, bool]:
+        return self.store.delete_key(self._key(key))
 
     async def num_keys(self) -> int:
         return len((await self.store.get_prefix(self._head)).items)
@@ -77,11 +81,11 @@ class PrefixStore(Store):
         except StoreTimeoutError as error:
             raise self._unprefixed(error) from None
 
-    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
-        await self.store.multi_set(self._keys(keys), values)
+    def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> Coroutine[Any, Any, None]:
+        return self.store.multi_set(self._keys(keys), values)
 
-    async def append(self, key: str, value: Value) -> None:
-        await self.store.append(self._key(key), value)
+    def append(self, key: str, value: Value) -> Coroutine[Any, Any, None]:
+        return self.store.append(self._key(key), value)
 
     async def get_prefix(self, prefix: str) -> Snapshot:
         return self._unprefixed_snapshot(await self.store.get_prefix(self._key(prefix)))
@@ -102,12 +106,10 @@ class PrefixStore(Store):
     def counts_keys(self) -> bool:
         return self.store.counts_keys
 
-    async def multi_set_and_count(
+    def multi_set_and_count(
         self, keys: Sequence[str], values: Sequence[Value], *, prefix: str
-    ) -> int:
-        return await self.store.multi_set_and_count(
-            self._keys(keys), values, prefix=self._key(prefix)
-        )
+    ) -> Coroutine[Any, Any, int]:
+        return self.store.multi_set_and_count(self._keys(keys), values, prefix=self._key(prefix))
 
     async def multi_set_count_and_read(
         self, keys: Sequence[str], values: Sequence[Value], *, prefix: str, read: str
@@ -117,5 +119,5 @@ class PrefixStore(Store):
         )
         return count, self._unprefixed_snapshot(snapshot)
 
-    async def ttl_remaining(self, key: str) -> float | None:
-        return await self.store.ttl_remaining(self._key(key))
+    def ttl_remaining(self, key: str) -> Coroutine[Any, Any, float | None]:
+        return self.store.ttl_remaining(self._key(key))
