@@ -30,7 +30,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from aioelastic._clock import Clock, MonotonicClock
-from aioelastic._concurrency import first_of
+from aioelastic._concurrency import Cancel, Event, LightTasks, first_of, new_event
 from aioelastic._subscribers import Subscribers
 from aioelastic.rendezvous import _layout as layout
 from aioelastic.rendezvous import _machine as m
@@ -138,14 +138,15 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._last: layout.RoundResult | None = None
         self._rank = -1
         self._invalidated: RoundInvalidated | None = None
-        self._invalid_event: anyio.Event | None = None
-        self._monitor_scope: anyio.CancelScope | None = None  # the round's inbox watch
-        self._successor_scope: anyio.CancelScope | None = None  # its ring successor watch
+        self._invalid_event: Event | None = None
+        self._watches: LightTasks | None = None  # the round's watches, in self._tg
+        self._stop_inbox: Cancel | None = None  # cancels the round's inbox watch
+        self._stop_successor: Cancel | None = None  # and its ring successor watch
         self._keep_alive_scope: anyio.CancelScope | None = None  # keep-alives and the lease
         self._renewals: set[anyio.CancelScope] = set()  # each renewal in flight, in self._tg
         self._lease = Lease.for_settings(settings.heartbeat_timeout, settings.keep_alive_interval)
         self._renewal_failures = RenewalFailures()
-        self._poke = anyio.Event()  # set by each renewal: the lease moved
+        self._poke = new_event()  # set by each renewal: the lease moved
         self._contact = -math.inf  # when a store call last succeeded, on the clock
 
     def __repr__(self) -> str:
@@ -213,7 +214,11 @@ class ElasticRendezvousHandler(RendezvousHandler):
             if stack is not None:
                 if self._tg is not None:
                     self._tg.cancel_scope.cancel()
-                await stack.aclose()
+                try:
+                    if self._watches is not None:
+                        await self._watches.aclose()  # the round's watches, before the group
+                finally:
+                    await stack.aclose()
 
     def _require_store(self) -> Store:
         if self._store is None:
@@ -495,13 +500,14 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._last, self._rank = result, rank
         self._rounds_completed += 1
         self._invalidated = None
-        self._invalid_event = anyio.Event()
+        self._invalid_event = new_event()
         assert self._tg is not None
-        self._monitor_scope = anyio.CancelScope()
-        self._tg.start_soon(self._monitor, self._monitor_scope, self._watch_inbox, result)
+        if self._watches is None:  # made here: a node that never forms a round holds none
+            self._watches = LightTasks(self._tg)
+        watches = self._watches
+        self._stop_inbox = watches.start(self._monitor, self._watch_inbox, result)
         if m.ring_successor(result.members, self._node) is not None:
-            self._successor_scope = anyio.CancelScope()
-            self._tg.start_soon(self._monitor, self._successor_scope, self._watch_successor, result)
+            self._stop_successor = watches.start(self._monitor, self._watch_successor, result)
         self._emit(
             RoundCompleted(self.settings.run_id, result.round, self._node, rank, result.world_size)
         )
@@ -576,7 +582,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 if now >= due:
                     tg.start_soon(self._renew_logged)
                     due = max(due + interval, now)
-                poke = self._poke = anyio.Event()
+                poke = self._poke = new_event()
                 if self._lease.lapsed(now):
                     self._fence(now)
                     wake = due
@@ -644,44 +650,43 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     def _leave_round(self, why: str) -> None:
         """Stop watching the last round; waiters learn it is no longer valid for this node."""
-        for scope in (self._monitor_scope, self._successor_scope):
-            if scope is not None:
-                scope.cancel()
-        self._monitor_scope = self._successor_scope = None
+        for stop in (self._stop_inbox, self._stop_successor):
+            if stop is not None:
+                stop()
+        self._stop_inbox = self._stop_successor = None
         if self._last is not None:
             self._invalidate(RoundInvalidated(InvalidationReason.NODES_WAITING, why))
 
     async def _monitor(
         self,
-        scope: anyio.CancelScope,
         watch: Callable[[layout.RoundResult], Awaitable[None]],
         result: layout.RoundResult,
     ) -> None:
-        """Run one of the round's watches (its inbox, its ring successor) in ``scope``.
+        """Run one of the round's watches (its inbox, its ring successor).
 
-        Each watch is a task of its own, so neither holds the other back. A store failure is
+        Each watch is a light task of its own (:class:`LightTasks`), so neither holds the
+        other back. A store failure is
         no verdict: the watch starts again while the lease holds (a blip costs the world
         nothing), and once the lease lapses :meth:`_keep_alive` fences the round, which stops
         the workers before anyone may take their ranks.
         """
-        with scope:
-            while True:
-                try:
-                    await watch(result)
-                    return
-                except StoreError as failure:
-                    error = failure
-                if self._lease.lapsed(self._clock.now()):
-                    return
-                logger.warning(
-                    "rendezvous %r: watching round %d failed (%s); watching again while the "
-                    "lease holds",
-                    self.settings.run_id,
-                    result.round,
-                    error,
-                )
-                pause = min(self.settings.keep_alive_interval, self.settings.attempt_timeout)
-                await self._clock.sleep_until(self._clock.now() + pause)
+        while True:
+            try:
+                await watch(result)
+                return
+            except StoreError as failure:
+                error = failure
+            if self._lease.lapsed(self._clock.now()):
+                return
+            logger.warning(
+                "rendezvous %r: watching round %d failed (%s); watching again while the "
+                "lease holds",
+                self.settings.run_id,
+                result.round,
+                error,
+            )
+            pause = min(self.settings.keep_alive_interval, self.settings.attempt_timeout)
+            await self._clock.sleep_until(self._clock.now() + pause)
 
     async def _watch_inbox(self, result: layout.RoundResult) -> None:
         """Return once the next round's keys say this round is over (and say so)."""
@@ -693,8 +698,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
             await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
             snapshot = await self._store.get_prefix(prefix)
         self._invalidate(verdict)
-        if self._successor_scope is not None:  # the inbox decides: the round is over
-            self._successor_scope.cancel()
+        if self._stop_successor is not None:  # the inbox decides: the round is over
+            self._stop_successor()
 
     async def _watch_successor(self, result: layout.RoundResult) -> None:
         """Report the ring successor lost once its liveness key is gone, or once this node has

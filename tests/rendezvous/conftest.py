@@ -62,6 +62,6 @@ def hang(handler: ElasticRendezvousHandler) -> None:
     """Fault injection: the node hangs (no more keep-alives, no more watching its round)."""
     assert handler._keep_alive_scope is not None
     handler._keep_alive_scope.cancel()
-    for scope in (handler._monitor_scope, handler._successor_scope):
-        if scope is not None:
-            scope.cancel()
+    for stop in (handler._stop_inbox, handler._stop_successor):
+        if stop is not None:
+            stop()
