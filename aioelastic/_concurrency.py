@@ -117,16 +117,21 @@ class LightTasks:
     def __init__(self, tg: TaskGroup) -> None:
         self._tg = tg
         self._tasks: set[asyncio.Task[None]] = set()
+        self._scopes: set[anyio.CancelScope] = set()  # on other backends
         self._on_done = self._done  # one bound method for every task, not one each
 
     def start(self, function: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> Cancel:
         """Start ``function(*args)``; return what cancels it (a no-op once it has ended)."""
         if asyncio._get_running_loop() is None:  # another backend: a scope in the group
             scope = anyio.CancelScope()
+            self._scopes.add(scope)
 
             async def run() -> None:
-                with scope:
-                    await function(*args)
+                try:
+                    with scope:
+                        await function(*args)
+                finally:
+                    self._scopes.discard(scope)
 
             self._tg.start_soon(run)
             return scope.cancel
@@ -147,7 +152,9 @@ class LightTasks:
 
     async def aclose(self) -> None:
         """Cancel the tasks left and wait until they have ended (shielded: owners call this
-        on their way out, often while cancelled)."""
+        on their way out, often while cancelled). On other backends the task group waits."""
+        for scope in self._scopes:
+            scope.cancel()
         if not self._tasks:
             return
         for task in self._tasks:

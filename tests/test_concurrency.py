@@ -1,4 +1,4 @@
-"""The concurrency helpers: the first-of race and exception-group unwrapping."""
+"""The concurrency helpers: the first-of race, exception-group unwrapping, light tasks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import weakref
 import anyio
 import pytest
 
-from aioelastic._concurrency import first_of, lone_error, unwrap_single_error
+from aioelastic._concurrency import LightTasks, first_of, lone_error, unwrap_single_error
 
 pytestmark = pytest.mark.anyio
 
@@ -130,3 +130,44 @@ async def test_the_winners_error_is_freed_once_handled_without_the_collector() -
         assert raised() is None
     finally:
         gc.enable()
+
+
+async def test_light_tasks_are_cancelled_by_their_handle_and_closed_by_their_owner() -> None:
+    """A light task ends when its cancel is called; aclose cancels the rest and waits."""
+    ended: list[str] = []
+
+    async def wait_forever(name: str) -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            ended.append(name)
+
+    async with anyio.create_task_group() as tg:
+        tasks = LightTasks(tg)
+        stop_first = tasks.start(wait_forever, "first")
+        tasks.start(wait_forever, "second")
+        await anyio.wait_all_tasks_blocked()
+        stop_first()
+        await anyio.wait_all_tasks_blocked()
+        assert ended == ["first"]
+        await tasks.aclose()
+        await anyio.wait_all_tasks_blocked()  # on trio the group, not aclose, waits
+        assert ended == ["first", "second"]
+        stop_first()  # a no-op once it has ended
+
+
+async def test_a_light_tasks_error_is_raised_in_its_task_group() -> None:
+    """An error in a light task fails the owner's task group, as one of its own tasks'."""
+
+    async def fail() -> None:
+        await anyio.lowlevel.checkpoint()
+        raise ValueError("boom")
+
+    async def run() -> None:
+        with unwrap_single_error():
+            async with anyio.create_task_group() as tg:
+                LightTasks(tg).start(fail)
+                await anyio.sleep_forever()
+
+    with pytest.raises(ValueError, match="boom"):
+        await run()
