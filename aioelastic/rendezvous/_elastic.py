@@ -193,6 +193,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._node = await self._guarded(self._store.add(layout.NODE_IDS_KEY, 1))
             await self._renew()
             self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self._watches = LightTasks(self._tg)  # made now, not as the round completes: at
+            # scale what a formation makes is promoted to the collector's oldest generation
             self._keep_alive_scope = anyio.CancelScope()
             self._tg.start_soon(self._keep_alive, self._keep_alive_scope)
         except BaseException:
@@ -501,10 +503,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._rounds_completed += 1
         self._invalidated = None
         self._invalid_event = new_event()
-        assert self._tg is not None
-        if self._watches is None:  # made here: a node that never forms a round holds none
-            self._watches = LightTasks(self._tg)
         watches = self._watches
+        assert watches is not None
         self._stop_inbox = watches.start(self._monitor, self._watch_inbox, result)
         if m.ring_successor(result.members, self._node) is not None:
             self._stop_successor = watches.start(self._monitor, self._watch_successor, result)
