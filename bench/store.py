@@ -530,7 +530,7 @@ def init_process_group_seconds(port: int) -> float:
 def measure_torch_protocol(kind: str) -> dict[str, float]:
     """torch's client against one server kind (``ours`` or ``torch``); figures by row name."""
     figures: dict[str, float] = {}
-    with server(kind) as (port, pid):
+    with server(kind) as (port, pid), placed(pid):  # (--placement applies here too)
         for op, rate in torch_sequential(port, pid, ("set", "get", "add", "wait")).items():
             figures[f"torch client: sequential {op}"] = rate.per_second
             figures[f"  server CPU per {op}"] = rate.server_us
