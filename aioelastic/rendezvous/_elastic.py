@@ -420,8 +420,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     )
                 return m.DeadlineReached()
             case m.ReadCandidates(round_):
-                joins = await store.get_prefix(layout.join_prefix(round_))
-                alive = await store.get_prefix(layout.alive_prefix())
+                joins, alive = await store.get_prefixes(
+                    [layout.join_prefix(round_), layout.alive_prefix()]
+                )
                 records = layout.parse_records(joins.items)
                 return m.Candidates(records, layout.parse_alive(alive.items), joins.revision)
             case m.Publish(round_, value):

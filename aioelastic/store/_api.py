@@ -124,6 +124,11 @@ class Store(abc.ABC):
     async def get_prefix(self, prefix: str) -> Snapshot:
         """Return every key starting with ``prefix`` and the revision they were read at."""
 
+    async def get_prefixes(self, prefixes: Sequence[str]) -> list[Snapshot]:
+        """:meth:`get_prefix` of each prefix, in order: one request at one revision where the
+        backend allows (etcd: one transaction); the default reads them one after another."""
+        return [await self.get_prefix(prefix) for prefix in prefixes]
+
     @abc.abstractmethod
     async def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None

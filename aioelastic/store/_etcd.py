@@ -703,6 +703,20 @@ class EtcdStore(Service, Store):
         response = await self._range(self._data + check_key(prefix).encode())
         return self._snapshot(int(response.header.revision), response)
 
+    async def get_prefixes(self, prefixes: Sequence[str]) -> list[Snapshot]:
+        """One transaction of range reads: every snapshot at one revision (concurrent equal
+        reads share one request)."""
+        self._check_serving()
+        heads = [self._data + check_key(prefix).encode() for prefix in prefixes]
+        request = rpc.TxnRequest()
+        for head in heads:
+            read = request.success.add().request_range
+            read.key, read.range_end = head, range_end(head)
+        read = functools.partial(self._txn, "range read", request)
+        response = await self._shared_reads.call(self._tasks(), ("ranges", *heads), read)
+        revision = int(response.header.revision)
+        return [self._snapshot(revision, op.response_range) for op in response.responses]
+
     async def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None
     ) -> int:

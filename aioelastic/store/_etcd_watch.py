@@ -81,6 +81,11 @@ class WatchStream:
         """Watch ids in use: created ones, and creates not yet confirmed."""
         return len(self._watches) + len(self._creating)
 
+    @property
+    def created(self) -> int:
+        """Watch ids etcd confirmed and not yet cancelled."""
+        return len(self._watches)
+
     def open(self) -> StreamWatch:
         """A new watch on this stream (created by the requests written to it)."""
         return StreamWatch(self)
@@ -92,8 +97,8 @@ class WatchStream:
             await first_of(self._read, functools.partial(probe, self.member))
         except Exception as error:
             self.fail(error)
-        finally:
-            self._call.cancel()
+        finally:  # cancelled (the store closes): any watch left learns the stream is gone
+            self.fail(StoreConnectionError(self.member.address, "the watch stream closed"))
 
     async def _read(self) -> None:
         while True:
@@ -130,14 +135,17 @@ class WatchStream:
     async def create(self, watch: StreamWatch, request: Any) -> None:
         """Write ``request`` (a create) for ``watch``; its id comes with the next created."""
         async with self._lock:
+            if self.error is None and self._call.done():
+                self.fail(StoreConnectionError(self.member.address, "the watch stream ended"))
             if self.error is not None:
                 raise self.error
             self._creating.append(watch)
             try:
                 await settle(self._call.write(request))
             except Exception as error:
-                self.fail(error)
-                raise
+                failure = _stream_error(self.member, error)
+                self.fail(failure)
+                raise failure from None
 
     def _cancel_soon(self, watch_id: int) -> None:
         """Cancel ``watch_id`` (from a closing watch, which may itself be cancelled)."""
@@ -149,12 +157,21 @@ class WatchStream:
     async def _cancel(self, watch_id: int) -> None:
         cancel = rpc.WatchRequest(cancel_request=rpc.WatchCancelRequest(watch_id=watch_id))
         async with self._lock:
-            if self.error is not None:
-                return
+            if self.error is not None or self._call.done():
+                return  # a stream that ended holds no watches on etcd
             try:
                 await settle(self._call.write(cancel))
             except Exception as error:
-                self.fail(error)
+                self.fail(_stream_error(self.member, error))
+
+
+def _stream_error(member: Member, error: BaseException) -> BaseException:
+    """What a failed write on a stream means to its watches: a gRPC error as it is (the watch
+    decides whether to fail over), anything else (grpc's "RPC already finished") the end of
+    the stream."""
+    if is_rpc_error(error) or isinstance(error, StoreConnectionError):
+        return error
+    return StoreConnectionError(member.address, f"the watch stream ended ({describe(error)})")
 
 
 class StreamWatch:

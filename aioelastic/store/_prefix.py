@@ -90,6 +90,10 @@ class PrefixStore(Store):
     async def get_prefix(self, prefix: str) -> Snapshot:
         return self._unprefixed_snapshot(await self.store.get_prefix(self._key(prefix)))
 
+    async def get_prefixes(self, prefixes: Sequence[str]) -> list[Snapshot]:
+        snapshots = await self.store.get_prefixes(self._keys(prefixes))
+        return [self._unprefixed_snapshot(snapshot) for snapshot in snapshots]
+
     def _unprefixed_snapshot(self, snapshot: Snapshot) -> Snapshot:
         size = len(self._head)
         return Snapshot(snapshot.revision, {k[size:]: v for k, v in snapshot.items.items()})

@@ -150,14 +150,24 @@ async def test_a_counted_read_whose_reply_is_lost_reads_at_the_write(
     assert (await etcd_store.get_prefix("join/")).items == {"join/a": b"r"}
 
 
+async def test_get_prefixes_is_one_request_at_one_revision(etcd_store: EtcdStore) -> None:
+    """Reading two prefixes costs one request, and both snapshots carry its revision."""
+    await etcd_store.multi_set(["join/1", "node/1/alive"], [b"r", b"1"])
+    before = etcd_store.statistics().requests
+    joins, alive = await etcd_store.get_prefixes(["join/", "node/"])
+    assert etcd_store.statistics().requests - before == 1
+    assert (joins.items, alive.items) == ({"join/1": b"r"}, {"node/1/alive": b"1"})
+    assert joins.revision == alive.revision == (await etcd_store.get_prefix("join/")).revision
+
+
 async def test_a_get_that_waits_takes_the_value_from_the_watch(etcd_store: EtcdStore) -> None:
     """A get of a key that appears later costs one read and one watch, not a read again."""
     values: list[bytes] = []
     before = etcd_store.statistics().requests
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: _append(values, etcd_store.get("late", timeout=60)))
-        with anyio.fail_after(30):  # until the get has read and started its watch
-            while etcd_store.statistics().requests < before + 2:
+        with anyio.fail_after(30):  # until the get has read and etcd created its watch
+            while not any(stream.created for stream in etcd_store._watches.streams()):
                 await anyio.lowlevel.checkpoint()
         await etcd_store.set("late", b"here")  # one request
     assert values == [b"here"]

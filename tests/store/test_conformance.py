@@ -158,6 +158,20 @@ async def test_multi_set_and_count_counts_the_prefix_with_its_own_writes(store: 
     assert await store.multi_set_and_count(["join/b"], [b"3"], prefix="join/") == 2
 
 
+async def test_get_prefixes_reads_each_prefix_in_order(store: Store) -> None:
+    """get_prefixes returns what get_prefix returns for each prefix, in the order asked (an
+    empty prefix read included), at revisions no older than the writes before it."""
+    await store.multi_set(["a/1", "a/2", "b/1"], [b"x", b"y", b"z"])
+    written = (await store.get_prefix("")).revision
+    got = await store.get_prefixes(["b/", "none/", "a/"])
+    assert [snapshot.items for snapshot in got] == [
+        {"b/1": b"z"},
+        {},
+        {"a/1": b"x", "a/2": b"y"},
+    ]
+    assert all(snapshot.revision >= written for snapshot in got)
+
+
 async def test_multi_set_count_and_read_reads_in_the_same_step(store: Store) -> None:
     """Where a store counts keys as it writes, multi_set_count_and_read also returns the keys
     under ``read`` as they are once the new ones are written (the write's own among them);
