@@ -343,14 +343,54 @@ class Watches:
                     raise
                 # Refused rather than stalled (an expired token, say): the watch decides.
 
-    async def _changed_in_gap(self, ranges: Ranges, after: int) -> int | None:
-        """The store revision if a key in ``ranges`` changed after ``after`` (one read per
-        range), else None: what a watch created later than ``after`` cannot report."""
+    async def _changed_in_gap(self, ranges: Ranges, after: int) -> Fired | None:
+        """How the watch would have ended had a key in ``ranges`` changed after ``after``,
+        else None: what a watch created later than ``after`` cannot report. Single keys are
+        read in one request, with their values (a wait for a key to appear needs no read
+        after it); each prefix range costs a read of its own."""
+        keys = [start for start, end in ranges if not end]
+        if keys:
+            fired = await self._keys_changed_since(keys, after)
+            if fired is not None:
+                return fired
         for start, end in ranges:
-            revision = await self.changed_since(start, end, after)
-            if revision is not None:
-                return revision
+            if end:
+                revision = await self.changed_since(start, end, after)
+                if revision is not None:
+                    return Fired(revision)
         return None
+
+    async def _keys_changed_since(self, keys: Sequence[bytes], after: int) -> Fired | None:
+        """:class:`Fired` with the values ``keys`` hold now if one changed after ``after``
+        (written, or deleted: then it is absent), else None; one transaction: each key now and
+        at ``after``."""
+        request = rpc.TxnRequest()
+        for key in keys:
+            request.success.add().request_range.key = key
+            then = request.success.add().request_range
+            then.key, then.revision, then.keys_only = key, after, True
+
+        async def attempt(member: Member, timeout: float) -> Any:
+            try:
+                return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.OUT_OF_RANGE:
+                    raise
+                return "compacted" in (error.details() or "")  # as in changed_since
+
+        response = await self._conn.call("read", attempt)
+        if isinstance(response, bool):
+            return Fired(await self._revision()) if response else None
+        results = [op.response_range for op in response.responses]
+        written: dict[bytes, bytes] = {}
+        changed = False
+        for key, now, then in zip(keys, results[::2], results[1::2], strict=True):
+            if now.kvs:
+                written[key] = bytes(now.kvs[0].value)
+                changed = changed or now.kvs[0].mod_revision > after
+            else:
+                changed = changed or bool(then.kvs)
+        return Fired(int(response.header.revision), written) if changed else None
 
     async def changed_since(self, start: bytes, end: bytes, after: int) -> int | None:
         """Return the store revision if a key in ``[start, end)`` changed after ``after``."""
@@ -388,7 +428,7 @@ async def _read_watch(
     ranges: Ranges,
     start_revision: int,
     established: Callable[[], None],
-    changed_in_gap: Callable[[Ranges, int], Awaitable[int | None]],
+    changed_in_gap: Callable[[Ranges, int], Awaitable[Fired | None]],
 ) -> Fired | None:
     """Watch ``ranges`` for changes from ``start_revision``: from now, then one read for the
     changes before the watch began (if any could be).
@@ -424,6 +464,6 @@ async def _read_watch(
             began_after = int(response.header.revision)
             if created == len(ranges) and began_after >= start_revision:
                 # Changes in [start_revision, began_after] came before the watch began.
-                revision = await changed_in_gap(ranges, start_revision - 1)
-                if revision is not None:
-                    return Fired(revision)
+                fired = await changed_in_gap(ranges, start_revision - 1)
+                if fired is not None:
+                    return fired
