@@ -127,6 +127,17 @@ class MeteredStore(Store):
             "multi_set_and_count", self.store.multi_set_and_count(keys, values, prefix=prefix)
         )
 
+    async def multi_set_count_and_read(
+        self, keys: Sequence[str], values: Sequence[Value], *, prefix: str, read: str
+    ) -> tuple[int, Snapshot]:
+        self.counts["bytes"] += sum(len(value) for value in values)
+        count, snapshot = await self._count(
+            "multi_set_count_and_read",
+            self.store.multi_set_count_and_read(keys, values, prefix=prefix, read=read),
+        )
+        self.counts["bytes"] += sum(len(value) for value in snapshot.items.values())
+        return count, snapshot
+
     def wait(
         self, keys: Sequence[str], *, timeout: float | None = None
     ) -> Coroutine[Any, Any, None]:
