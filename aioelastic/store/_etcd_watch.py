@@ -369,16 +369,7 @@ class Watches:
             request.success.add().request_range.key = key
             then = request.success.add().request_range
             then.key, then.revision, then.keys_only = key, after, True
-
-        async def attempt(member: Member, timeout: float) -> Any:
-            try:
-                return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.OUT_OF_RANGE:
-                    raise
-                return "compacted" in (error.details() or "")  # as in changed_since
-
-        response = await self._conn.call("read", attempt)
+        response = await self._read_history(request)
         if isinstance(response, bool):
             return Fired(await self._revision()) if response else None
         results = [op.response_range for op in response.responses]
@@ -392,6 +383,21 @@ class Watches:
                 changed = changed or bool(then.kvs)
         return Fired(int(response.header.revision), written) if changed else None
 
+    async def _read_history(self, request: Any) -> Any:
+        """Send ``request`` (a transaction of reads, some at a past revision): its response,
+        or for a revision out of range whether the history was compacted (then callers report
+        a change and re-read; "future revision": nothing can have changed after it yet)."""
+
+        async def attempt(member: Member, timeout: float) -> Any:
+            try:
+                return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.OUT_OF_RANGE:
+                    raise
+                return "compacted" in (error.details() or "")
+
+        return await self._conn.call("read", attempt)
+
     async def changed_since(self, start: bytes, end: bytes, after: int) -> int | None:
         """Return the store revision if a key in ``[start, end)`` changed after ``after``."""
         # (etcd's count ignores the revision filters, so read keys instead of counting)
@@ -403,18 +409,7 @@ class Watches:
         request = rpc.TxnRequest(
             success=[rpc.RequestOp(request_range=op) for op in (changed, now, then)]
         )
-
-        async def attempt(member: Member, timeout: float) -> Any:
-            try:
-                return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.OUT_OF_RANGE:
-                    raise
-                # "compacted": history is gone, report a change (callers re-read);
-                # "future revision": nothing can have changed after it yet.
-                return "compacted" in (error.details() or "")
-
-        response = await self._conn.call("read", attempt)
+        response = await self._read_history(request)
         if isinstance(response, bool):
             return await self._revision() if response else None
         modified, current, previous = (op.response_range for op in response.responses)
