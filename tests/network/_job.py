@@ -30,6 +30,10 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from aioelastic.testing import HOW_TO_GET_ETCD, Host, Network, find_etcd_binary
 
+WITHIN = 60.0
+"""How long a wait gives its condition by default: half of pytest-timeout's 120 s, so a test that
+waits in vain fails with the agents' consoles instead of a bare timeout."""
+
 WORKER = """
 import json, os, socket, sys, time
 sock = socket.socket(socket.AF_UNIX)
@@ -80,6 +84,8 @@ class Collector:
         self.workers: list[Worker] = []
         self.split_brains: list[SplitBrain] = []
         self._changed = anyio.Event()
+        self.describe: Callable[[], str] = lambda: ""
+        """What a wait that timed out shows (a :class:`Job` sets its agents' consoles)."""
 
     @property
     def live(self) -> list[Worker]:
@@ -127,12 +133,13 @@ class Collector:
         self._changed.set()
         self._changed = anyio.Event()
 
-    async def wait_for(self, condition: Callable[[], Any], *, within: float = 120) -> Any:
+    async def wait_for(self, condition: Callable[[], Any], *, within: float = WITHIN) -> Any:
         """Return ``condition()`` once it is truthy, re-checked on every change of the records."""
-        with anyio.fail_after(within):
+        with anyio.move_on_after(within):
             while not (outcome := condition()):
                 await self._changed.wait()
-        return outcome
+            return outcome
+        raise AssertionError(f"not so within {within:g} s; live: {self.live}\n{self.describe()}")
 
     def world(self, hosts: Iterable[Host], *, size: int | None = None) -> list[Worker] | None:
         """The live workers, if exactly ``hosts`` run one world of one round (else None)."""
@@ -172,6 +179,7 @@ class Job:
         self.net = net
         self.workdir = workdir
         self.collector = collector
+        collector.describe = self.consoles
         self.agents: list[Agent] = []
         self.etcd: list[anyio.abc.Process] = []
         self._changed = anyio.Event()
@@ -231,14 +239,17 @@ class Job:
         return next(agent for agent in self.agents if agent.host == host)
 
     async def wait_said(
-        self, host: Host, text: str, *, after: float = 0.0, within: float = 120
+        self, host: Host, text: str, *, after: float = 0.0, within: float = WITHIN
     ) -> float:
         """When the agent on ``host`` printed ``text`` (after ``after``), once it has."""
         agent = self.agent(host)
-        with anyio.fail_after(within):
+        with anyio.move_on_after(within):
             while (found := agent.said(text, after)) is None:
                 await self._changed.wait()
-        return found
+            return found
+        raise AssertionError(
+            f"{host.addr} never said {text!r} within {within:g} s\n{self.consoles()}"
+        )
 
     async def stop(self) -> None:
         """SIGTERM every agent, then wait for all of them (SIGKILL by the network's clean-up)."""
