@@ -182,8 +182,6 @@ class EtcdStore(Service, Store):
             await self._session.start()
             async with anyio.create_task_group() as shared_tg:
                 self._shared_tg = shared_tg
-                # Open the watch stream with the connection: a first wait only sends a create.
-                await self._watches.stream(shared_tg, self._conn.current)
                 task_status.started()
                 while True:
                     await anyio.sleep(self._session.ttl / 3)
