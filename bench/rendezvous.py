@@ -113,12 +113,18 @@ class CountingStore(Store):
     async def get_prefix(self, prefix: str) -> Snapshot:
         return await self._count("get_prefix", self.store.get_prefix(prefix))
 
+    async def get_prefixes(self, prefixes: Sequence[str]) -> list[Snapshot]:
+        return await self._count("get_prefixes", self.store.get_prefixes(prefixes))
+
     async def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None
     ) -> int:
         return await self._count(
             "wait_for_change", self.store.wait_for_change(prefix, after=after, timeout=timeout)
         )
+
+    async def ttl_remaining(self, key: str) -> float | None:
+        return await self._count("ttl_remaining", self.store.ttl_remaining(key))
 
 
 class TimingStore(CountingStore):

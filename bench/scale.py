@@ -168,6 +168,13 @@ class MeteredStore(Store):
         self.counts["bytes"] += sum(len(value) for value in snapshot.items.values())
         return snapshot
 
+    async def get_prefixes(self, prefixes: Sequence[str]) -> list[Snapshot]:
+        snapshots = await self._count("get_prefixes", self.store.get_prefixes(prefixes))
+        self.counts["bytes"] += sum(
+            len(value) for snapshot in snapshots for value in snapshot.items.values()
+        )
+        return snapshots
+
     def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None
     ) -> Coroutine[Any, Any, int]:
@@ -387,29 +394,29 @@ def raise_fd_limit() -> int:
 
 
 def tcp_point(nodes: int) -> Point:
-    server = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "aioelastic", "store-server", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
-    )
-    try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline().rsplit(":", 1)[1])
+    ) as server:  # leaving it closes the pipe
+        try:
+            assert server.stdout is not None
+            port = int(server.stdout.readline().rsplit(":", 1)[1])
 
-        async def run() -> Point:
-            async with TCPStore("127.0.0.1", port) as admin:
+            async def run() -> Point:
+                async with TCPStore("127.0.0.1", port) as admin:
 
-                async def view(_: int) -> AsyncIterator[Store]:
-                    async with TCPStore("127.0.0.1", port, connect_timeout=120) as store:
-                        yield store
+                    async def view(_: int) -> AsyncIterator[Store]:
+                        async with TCPStore("127.0.0.1", port, connect_timeout=120) as store:
+                            yield store
 
-                return await simulate("tcp", nodes, view, admin, lambda: proc_cpu(server.pid))
+                    return await simulate("tcp", nodes, view, admin, lambda: proc_cpu(server.pid))
 
-        # The nodes' clients on uvloop when installed, as each agent's (``aioelastic run``).
-        return anyio.run(run, backend_options={"use_uvloop": HAVE_UVLOOP})
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+            # The nodes' clients on uvloop when installed, as each agent's (``aioelastic run``).
+            return anyio.run(run, backend_options={"use_uvloop": HAVE_UVLOOP})
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 def etcd_point(nodes: int, endpoint: str, pid: int, *, shared: bool) -> Point:

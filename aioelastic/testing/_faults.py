@@ -35,11 +35,16 @@ OPERATIONS = frozenset(
         "multi_set_count_and_read",
         "append",
         "get_prefix",
+        "get_prefixes",
         "wait_for_change",
         "ttl_remaining",
     }
 )
 """The store operations a :class:`Stall` can name."""
+
+_HELD_AS = {"get_prefixes": "get_prefix"}
+"""Operations a stall of another operation holds too: a read of several prefixes is a
+``get_prefix`` of each, so a stall of ``get_prefix`` holds it whichever call the code makes."""
 
 
 class Stall:
@@ -59,7 +64,11 @@ class Stall:
 
     def matches(self, operation: str) -> bool:
         """Whether calls of ``operation`` are held (an empty set of operations holds all)."""
-        return not self.released and (not self.operations or operation in self.operations)
+        return not self.released and (
+            not self.operations
+            or operation in self.operations
+            or _HELD_AS.get(operation) in self.operations
+        )
 
     async def hold(self) -> None:
         """Block the calling store operation until the stall is released."""
@@ -248,6 +257,11 @@ class FaultyStore(Store):
         snapshot = await self._call("get_prefix", self.inner.get_prefix(prefix))
         self._keys_read += len(snapshot.items)
         return snapshot
+
+    async def get_prefixes(self, prefixes: Sequence[str]) -> list[Snapshot]:
+        snapshots = await self._call("get_prefixes", self.inner.get_prefixes(prefixes))
+        self._keys_read += sum(len(snapshot.items) for snapshot in snapshots)
+        return snapshots
 
     async def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None
