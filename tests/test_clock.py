@@ -106,7 +106,7 @@ async def test_monotonic_clock_scope_uses_the_loops_deadline() -> None:
     assert scope.deadline == pytest.approx(clock.now() - 1.0, abs=1.0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     deadlines=st.lists(st.floats(0.0, 20.0), max_size=8),
     leave_early=st.lists(st.booleans(), min_size=8, max_size=8),

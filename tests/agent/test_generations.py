@@ -478,7 +478,6 @@ class RandomWorld(RuleBasedStateMachine):
 RandomWorld.TestCase.settings = settings(
     max_examples=400,
     stateful_step_count=25,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_random_world = RandomWorld.TestCase
@@ -494,7 +493,6 @@ class RandomReplicatedWorld(RandomWorld):
 RandomReplicatedWorld.TestCase.settings = settings(
     max_examples=200,
     stateful_step_count=25,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_random_replicated_world = RandomReplicatedWorld.TestCase

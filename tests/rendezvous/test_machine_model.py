@@ -458,7 +458,6 @@ class RendezvousModel(RuleBasedStateMachine):
 RendezvousModel.TestCase.settings = settings(
     max_examples=100,
     stateful_step_count=60,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestRendezvousModel = RendezvousModel.TestCase

@@ -423,7 +423,7 @@ class Adversary:
             self.etcd.txn(txn)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=500)
 @given(data=st.data())
 def test_an_update_applies_exactly_once_whatever_the_network_does(data: st.DataObject) -> None:
     """Whatever replies are lost, whatever lands late, whatever other clients write and

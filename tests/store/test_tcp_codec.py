@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.store import StoreProtocolError
@@ -234,7 +234,6 @@ def _near_valid(bodies: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
     )
 
 
-@settings(deadline=None)  # a loaded machine can take 200 ms for one example
 @given(_near_valid(_requests.map(lambda r: _body(_encoded(r)))))
 def test_compiled_request_decoder_agrees_with_the_reference_readers(body: bytes) -> None:
     """Any request body decodes (or fails, with the same reason) as the plain readers say."""
@@ -242,7 +241,6 @@ def test_compiled_request_decoder_agrees_with_the_reference_readers(body: bytes)
     assert fast == reference
 
 
-@settings(deadline=None)  # a loaded machine can take 200 ms for one example
 @given(_near_valid(_replies.map(lambda r: _body(_encoded_reply(r)))))
 def test_compiled_reply_decoder_agrees_with_the_reference_readers(body: bytes) -> None:
     """Any reply body decodes (or fails, with the same reason) as the plain readers say."""
@@ -301,7 +299,6 @@ def test_compiled_decoder_agrees_on_every_one_byte_change_and_cut(
 _read_plain = request_reader({op: lambda request_id, *fields: (request_id, fields) for op in Op})
 
 
-@settings(deadline=None)  # a loaded machine can take 200 ms for one example
 @given(_near_valid(_requests.map(lambda r: _body(_encoded(r)))))
 def test_compiled_request_reader_agrees_with_the_reference_readers(body: bytes) -> None:
     """The server's reader (compiled straight into a request) decodes any body, or fails

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import given, settings
+from hypothesis import given
 
 from aioelastic.store import MemoryStore
 from aioelastic.store._peers import OncePerPeer
@@ -56,7 +56,6 @@ def test_every_op_has_a_request_class_with_its_layout() -> None:
         assert (cls.op, names[0], len(names) - 1) == (op, "request_id", len(REQUEST_FIELDS[op]))
 
 
-@settings(deadline=None)  # a loaded machine can take 200 ms for one example
 @given(_requests)
 def test_typed_requests_carry_the_decoded_fields(request: Request) -> None:
     """read_request gives the op's class holding the request id and fields as decoded."""

@@ -200,7 +200,7 @@ def _near_valid_stream() -> st.SearchStrategy[bytes]:
 _SMALL_LIMITS = {"max_key_size": 12, "max_value_size": 16, "max_keys": 3}
 
 
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(_near_valid_stream(), st.lists(st.integers(min_value=0), max_size=3), st.booleans())
 def test_compiled_readers_agree_with_the_reference_parser(
     data: bytes, cuts: list[int], small: bool
@@ -212,7 +212,7 @@ def test_compiled_readers_agree_with_the_reference_parser(
     assert _outcome(TorchDecoder(**limits), chunks) == _outcome(_reference(**limits), chunks)
 
 
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(_near_valid_stream(), st.lists(st.integers(min_value=0), max_size=3))
 def test_typed_decoding_is_typed_request_of_plain_decoding(data: bytes, cuts: list[int]) -> None:
     """Decoding straight into typed requests (keys as store keys) gives what typed_request

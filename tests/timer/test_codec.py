@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.timer import (
@@ -36,7 +36,6 @@ def test_encoding_is_pytorchs_line() -> None:
     )
 
 
-@settings(deadline=None)
 @given(requests)
 def test_encode_then_decode_round_trips(request: TimerRequest) -> None:
     """Decoding an encoded request gives the same request back."""
@@ -133,7 +132,6 @@ def test_blank_lines_are_ignored() -> None:
     assert LineDecoder().feed(b"\n  \n\n") == []
 
 
-@settings(deadline=None)
 @given(st.lists(requests, max_size=20), st.lists(st.integers(0, 5000), max_size=10))
 def test_any_split_of_the_stream_decodes_the_same(
     items: list[TimerRequest], cuts: list[int]
@@ -151,7 +149,6 @@ def test_any_split_of_the_stream_decodes_the_same(
     assert [x if isinstance(x, TimerRequest) else None for x in out] == expected
 
 
-@settings(deadline=None)
 @given(st.binary(max_size=3000))
 def test_arbitrary_bytes_never_raise(data: bytes) -> None:
     """Garbage yields one result per non-blank complete line and never an exception."""
@@ -206,7 +203,6 @@ _lines = st.one_of(
 )
 
 
-@settings(deadline=None)
 @given(st.lists(_lines, max_size=30))
 def test_a_read_of_many_lines_decodes_as_each_line_alone(lines: list[bytes]) -> None:
     """Whatever the lines hold, a read of many gives what decoding each alone gives, in order

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.timer import DeadlineHeap, Timer
@@ -91,7 +91,6 @@ ops = st.lists(
 )
 
 
-@settings(deadline=None)
 @given(ops)
 def test_heap_matches_a_sorted_model(operations: list[tuple[str, tuple[int, str], float]]) -> None:
     """Any sequence of operations gives what a naive sorted dictionary would."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.testing import ManualClock
@@ -42,7 +42,6 @@ def anyio_backend() -> Any:
     return ("asyncio", {})
 
 
-@settings(deadline=None)
 @given(
     st.builds(
         TimerRequest,
