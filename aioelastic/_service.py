@@ -29,7 +29,7 @@ class Service(abc.ABC):
     _service_done: anyio.Event | None = None
     """Set once :meth:`serve` has returned."""
     _serve_scope: anyio.CancelScope | None = None
-    """Around :meth:`serve` alone, in its task."""
+    """Around :meth:`serve` alone, in its task; shielded once started (see ``__aenter__``)."""
     _service_closed = False
     """Whether :meth:`_close_service` already exited the task group (the block's end may come)."""
 
@@ -55,6 +55,10 @@ class Service(abc.ABC):
             group.cancel_scope.cancel()
             await group.__aexit__(None, None, None)
             raise
+        # From here on it serves until the block ends, even while a scope around the block is
+        # cancelled: the block's own clean-up (a rendezvous handler's goodbye, shielded) still
+        # has its store. Starting stays cancellable (a store that cannot connect).
+        self._serve_scope.shield = True
         self._service_group, self._service_done = group, done
         self._service_owner = anyio.get_current_task().id
         return self

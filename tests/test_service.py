@@ -74,6 +74,40 @@ async def test_exit_without_enter_is_an_error() -> None:
         await Recorder().__aexit__(None, None, None)
 
 
+async def test_a_cancelled_block_keeps_its_service_until_the_block_ends() -> None:
+    """Cancelling a scope around the block stops serve() at the block's end, not before: the
+    block's own shielded clean-up (a handler's goodbye through its store) still has it."""
+    service = Recorder()
+    during_cleanup: list[str] = []
+    with anyio.CancelScope() as outer:
+        async with service:
+            outer.cancel()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.wait_all_tasks_blocked()  # serve() has had its chance to run
+                    during_cleanup.extend(service.log)
+    assert during_cleanup == ["started"]
+    assert service.log == ["started", "cancelled"]
+
+
+class NeverReady(Service):
+    """Never says it is ready (a store that cannot connect)."""
+
+    async def serve(self, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_starting_stays_cancellable() -> None:
+    """A service is shielded only once started: a cancelled scope ends a start that hangs."""
+    with anyio.CancelScope() as outer:
+        outer.cancel()
+        async with NeverReady():
+            pytest.fail("a service that never started cannot be entered")
+    assert outer.cancelled_caught
+
+
 async def test_error_in_the_block_leaves_as_itself() -> None:
     """The block's own error comes out of ``async with`` as itself, not in an exception group."""
     with pytest.raises(KeyError, match="from the block"):
