@@ -30,7 +30,9 @@ BENCHES = (
 LOGS = ROOT / "bench" / "logs"
 CHART = "bench/ratios.png"
 NOTES = ROOT / "bench" / "notes"
-"""``<bench>.md`` here: hand-written notes (where the time went) kept in BENCHMARKS.md."""
+"""Everything hand-written in BENCHMARKS.md: ``<bench>.md`` follows that benchmark's table (where
+the time went), ``behind.md`` opens the list of where we are behind, and any other ``*.md`` is
+a section of its own before that list (in name order). Edit these, never BENCHMARKS.md."""
 
 
 def run_bench(name: str, timeout: float) -> BenchRun:
@@ -144,8 +146,9 @@ def main() -> None:
         chart = CHART if render_chart(figures, str(ROOT / CHART)) else None
     else:
         print("no chart: pip install 'aioelastic[timeline]' (matplotlib)", file=sys.stderr)
-    notes = {path.stem: path.read_text() for path in NOTES.glob("*.md")}
-    Path(args.output).write_text(render_markdown(runs, facts, chart, notes))
+    notes = {path.stem: path.read_text() for path in sorted(NOTES.glob("*.md"))}
+    closing = [text for name, text in notes.items() if name not in BENCHES and name != "behind"]
+    Path(args.output).write_text(render_markdown(runs, facts, chart, notes, closing))
     print(f"wrote {args.output}" + (f" and {CHART}" if chart else ""), file=sys.stderr)
 
 

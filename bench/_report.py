@@ -199,11 +199,15 @@ def render_markdown(
     machine: Sequence[tuple[str, str]],
     chart: str | None,
     notes: Mapping[str, str] | None = None,
+    closing: Sequence[str] = (),
 ) -> str:
     """BENCHMARKS.md: machine and versions, one table per benchmark, where we are behind.
 
     A benchmark that prints ``chart: <path>.png`` gets that chart in its section; ``notes``
-    (benchmark name -> Markdown, e.g. where the time went) follow its table.
+    (benchmark name -> Markdown, e.g. where the time went) follow its table, before the raw
+    output; the note named ``behind`` opens the closing list of where we are behind, and
+    ``closing`` (Markdown sections with their own headings) comes before that list. Everything
+    written by hand lives in these notes, so a new run loses none of it.
     """
     lines = [
         "# Benchmarks",
@@ -259,7 +263,11 @@ def render_markdown(
         lines += ["<details><summary>raw output</summary>", "", "```", output, "```", "", ""]
         lines[-1] = "</details>"
         lines.append("")
+    for section in closing:
+        lines += [section.strip(), ""]
     lines += ["## Where aioelastic is behind", ""]
+    if notes and "behind" in notes:
+        lines += [notes["behind"].strip(), "", "Rows below 1.0x in the tables above:", ""]
     if behind:
         lines += [
             f"- {f.bench}: {f.name}: {_fmt(f.ours)} {f.unit} against {_fmt(f.reference)} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,42 @@ def test_a_benchmark_s_own_chart_and_notes_go_in_its_section() -> None:
     section = text.split("## scale")[1]
     assert "![scale](bench/scale.png)" in section
     assert "Where the time went: here." in section
+
+
+def test_hand_written_sections_and_the_behind_note_have_their_places() -> None:
+    """A note precedes its benchmark's raw output; closing sections and the ``behind`` note come
+    before the list of rows behind, in that order."""
+    runs = [BenchRun("store", "-m bench.store", 0, 5.0, STORE, "")]
+    notes = {"store": "Where it went.", "behind": "Targets and standing."}
+    text = render_markdown(runs, [], None, notes, ["## Quiet figures\n\nQuiet."])
+    section = text.split("## store")[1]
+    assert section.index("Where it went.") < section.index("raw output")
+    closing = text.split("## Quiet figures")[1]
+    assert closing.index("Quiet.") < closing.index("## Where aioelastic is behind")
+    behind = text.split("## Where aioelastic is behind")[1]
+    assert behind.index("Targets and standing.") < behind.index("- store: sequential set")
+
+
+_GENERATED_LINE = re.compile(
+    r"(|# Benchmarks|## .+|`-m bench\..*|\|.*\||!\[.*\]\(.*\)"
+    r"|- (date|CPU|load average .*|OS|Python|aioelastic|torch|anyio|uvloop|etcd): .*"
+    r"|- \w+: .+, advantage [\d.]+x|Written by `make bench`.*|The machine is shared with .*"
+    r"|Rows below 1\.0x in the tables above:|Nowhere in this run .*|No table with .*)"
+)
+
+
+def test_benchmarks_md_has_no_hand_written_text_outside_bench_notes() -> None:
+    """``make bench`` rewrites BENCHMARKS.md from its runs and ``bench/notes/*.md``: text written
+    into BENCHMARKS.md itself would be lost by the next run."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "BENCHMARKS.md").read_text()
+    for note in sorted((root / "bench" / "notes").glob("*.md")):
+        body = note.read_text().strip()
+        assert body in text, f"bench/notes/{note.name} differs from its text in BENCHMARKS.md"
+        text = text.replace(body, "", 1)
+    text = re.sub(r"(?ms)^<details><summary>raw output</summary>$.*?^</details>$", "", text)
+    leftover = [line for line in text.splitlines() if not _GENERATED_LINE.fullmatch(line)]
+    assert not leftover, (
+        "hand-written lines in BENCHMARKS.md outside bench/notes (move them into "
+        f"bench/notes/<bench>.md, then into BENCHMARKS.md where make bench puts it): {leftover[:5]}"
+    )
