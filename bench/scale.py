@@ -596,6 +596,21 @@ def progress(point: Point, path: Path | None, points: Sequence[Point]) -> None:
         path.write_text(json.dumps([asdict(p) for p in points], indent=1))
 
 
+def chart_for(
+    given: Path | None,
+    backends: Sequence[str],
+    sizes: Sequence[int] | None,
+    quick: bool,
+    from_json: Sequence[Path] | None,
+) -> Path | None:
+    """Where the chart goes: where asked, else the published chart for a whole run (every
+    backend, every size) or a report of saved points; a partial run draws none."""
+    if given is not None:
+        return given
+    whole = list(backends) == list(SIZES) and not sizes and not quick
+    return CHART if whole or from_json else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the small sizes only")
@@ -605,9 +620,17 @@ def main() -> None:
     parser.add_argument(
         "--from-json", type=Path, nargs="*", help="report on points saved by --json, no run"
     )
+    parser.add_argument(
+        "--chart",
+        type=Path,
+        help=f"write the chart here (default: {CHART.relative_to(CHART.parents[1])}, and only "
+        "for a run of every backend at every size or a report --from-json, so a partial run "
+        "never replaces the published chart)",
+    )
     args = parser.parse_args()
+    chart_path = chart_for(args.chart, args.backends, args.sizes, args.quick, args.from_json)
     if args.from_json:
-        report(load_points(args.from_json))
+        report(load_points(args.from_json), chart_path)
         return
     logging.disable(logging.CRITICAL)
     limit = raise_fd_limit()
@@ -642,15 +665,16 @@ def main() -> None:
                 point.generation = generation_seconds(n)
             points.append(point)
             progress(point, args.json, points)
-    report(points)
+    report(points, chart_path)
 
 
-def report(points: Sequence[Point]) -> None:
-    """The tables, the growth lines and the chart."""
+def report(points: Sequence[Point], chart_path: Path | None) -> None:
+    """The tables, the growth lines and, given a path, the chart."""
     print_points(points)
     growth(points)
-    if chart(points, CHART):
-        print(f"\nchart: bench/{CHART.name}")
+    if chart_path is not None and chart(points, chart_path):
+        shown = chart_path.relative_to(CHART.parents[1]) if chart_path == CHART else chart_path
+        print(f"\nchart: {shown}")
 
 
 def load_points(paths: Sequence[Path]) -> list[Point]:
