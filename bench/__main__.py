@@ -2,8 +2,9 @@
 
 Runs each ``bench/<part>.py`` as its own process (``python -m bench.<part>``, their own
 defaults), keeps what it printed, and writes ``BENCHMARKS.md`` and ``bench/ratios.png`` (the
-chart needs the ``timeline`` extra, matplotlib). ``--only`` picks benchmarks; ``--from-logs``
-rebuilds the report from earlier outputs saved in ``bench/logs/`` without re-running.
+chart needs the ``timeline`` extra, matplotlib). ``--only`` picks benchmarks and keeps the others'
+sections as the last report showed them (read back from it); ``--from-logs`` rebuilds the
+report from earlier outputs saved in ``bench/logs/`` without re-running.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench._report import BenchRun, render_chart, render_markdown
+from bench._report import BenchRun, render_chart, render_markdown, runs_in
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = (
@@ -39,6 +40,7 @@ def run_bench(name: str, timeout: float) -> BenchRun:
     """Run ``bench.<name>`` and keep its output (also saved under ``bench/logs/``)."""
     command = [sys.executable, "-m", f"bench.{name}"]
     print(f"running {' '.join(command[1:])} ...", file=sys.stderr, flush=True)
+    when = f"{utc_now()}, load {os.getloadavg()[0]:.2f}"
     start = time.monotonic()
     try:
         done = subprocess.run(
@@ -50,12 +52,12 @@ def run_bench(name: str, timeout: float) -> BenchRun:
         stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else ""
         stderr = f"timed out after {timeout:g} s"
     run = BenchRun(
-        name, " ".join(command[1:]), returncode, time.monotonic() - start, stdout, stderr
+        name, " ".join(command[1:]), returncode, time.monotonic() - start, stdout, stderr, when
     )
     LOGS.mkdir(exist_ok=True)
     (LOGS / f"{name}.out").write_text(stdout)
     (LOGS / f"{name}.err").write_text(stderr)
-    (LOGS / f"{name}.rc").write_text(f"{returncode} {run.seconds:.1f}\n")
+    (LOGS / f"{name}.rc").write_text(f"{returncode} {run.seconds:.1f} {when}\n")
     print(stdout, end="", flush=True)
     return run
 
@@ -65,8 +67,10 @@ def load_bench(name: str) -> BenchRun | None:
     out = LOGS / f"{name}.out"
     if not out.exists():
         return None
-    rc_text = (LOGS / f"{name}.rc").read_text().split() if (LOGS / f"{name}.rc").exists() else []
+    rc_file = LOGS / f"{name}.rc"
+    rc_text = rc_file.read_text().split(maxsplit=2) if rc_file.exists() else []
     returncode, seconds = (int(rc_text[0]), float(rc_text[1])) if rc_text else (0, 0.0)
+    when = rc_text[2].strip() if len(rc_text) > 2 else ""
     err = LOGS / f"{name}.err"
     return BenchRun(
         name,
@@ -75,7 +79,12 @@ def load_bench(name: str) -> BenchRun | None:
         seconds,
         out.read_text(),
         err.read_text() if err.exists() else "",
+        when,
     )
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def version(package: str) -> str:
@@ -102,7 +111,7 @@ def machine() -> list[tuple[str, str]]:
         etcd_version = (text.stdout.splitlines() or ["?"])[0]
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return [
-        ("date", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")),
+        ("date", utc_now()),
         ("CPU", f"{cpu}, {os.cpu_count()} logical CPUs"),
         ("load average at start (1, 5, 15 min)", load),
         ("OS", platform.platform()),
@@ -135,9 +144,15 @@ def main() -> None:
     if not args.from_logs:
         LOGS.mkdir(exist_ok=True)
         (LOGS / "machine.txt").write_text("".join(f"{k}\t{v}\n" for k, v in facts))
+    output = Path(args.output)
+    # a partial run keeps the other benchmarks' sections of the last report, read back from it
+    kept = runs_in(output.read_text()) if output.exists() else {}
     runs = []
-    for name in args.only:
-        run = load_bench(name) if args.from_logs else run_bench(name, args.timeout)
+    for name in BENCHES:
+        if name not in args.only:
+            run = kept.get(name)
+        else:
+            run = load_bench(name) if args.from_logs else run_bench(name, args.timeout)
         if run is not None:
             runs.append(run)
     figures = [figure for run in runs for figure in run.figures]
@@ -148,7 +163,7 @@ def main() -> None:
         print("no chart: pip install 'aioelastic[timeline]' (matplotlib)", file=sys.stderr)
     notes = {path.stem: path.read_text() for path in sorted(NOTES.glob("*.md"))}
     closing = [text for name, text in notes.items() if name not in BENCHES and name != "behind"]
-    Path(args.output).write_text(render_markdown(runs, facts, chart, notes, closing))
+    output.write_text(render_markdown(runs, facts, chart, notes, closing))
     print(f"wrote {args.output}" + (f" and {CHART}" if chart else ""), file=sys.stderr)
 
 

@@ -177,6 +177,8 @@ class BenchRun:
     seconds: float
     stdout: str
     stderr: str
+    when: str = ""
+    """When it started and the load then (a partial run keeps older runs' sections)."""
 
     @property
     def figures(self) -> list[Figure]:
@@ -189,6 +191,37 @@ def _fmt(value: float | None) -> str:
     if not math.isfinite(value):
         return str(value)
     return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+_SECTION = re.compile(
+    r"^## (?P<bench>\w+)\n\n`(?P<command>[^`\n]+)`: (?:ok|FAILED \(exit (?P<rc>-?\d+)\)), "
+    r"(?P<seconds>\d+) s(?: \((?P<when>[^()\n]*)\))?\n"
+    r"(?:(?!^## ).)*?"  # within the section: never into the next one
+    r"^<details><summary>raw output</summary>\n\n```\n(?P<output>.*?)\n```\n\n</details>$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+_STDERR = "\n--- stderr (last lines) ---\n"
+
+
+def runs_in(markdown: str) -> dict[str, BenchRun]:
+    """The runs a report written by :func:`render_markdown` shows (by benchmark), read back from
+    each section's status line and raw output: what a partial run keeps of the last report."""
+    runs = {}
+    for found in _SECTION.finditer(markdown):
+        stdout, _, stderr = found["output"].partition(_STDERR)
+        bench = found["bench"]
+        runs[bench] = BenchRun(
+            bench,
+            found["command"],
+            int(found["rc"] or 0),
+            float(found["seconds"]),
+            "" if stdout == "(no output)" else stdout + "\n",
+            stderr,
+            found["when"] or "",
+        )
+    return runs
 
 
 _OWN_CHART = re.compile(r"^chart: (?P<path>\S+\.png)\s*$", re.MULTILINE)
@@ -232,7 +265,8 @@ def render_markdown(
     for run in runs:
         figures = run.figures
         status = "ok" if run.returncode == 0 else f"FAILED (exit {run.returncode})"
-        lines += [f"## {run.bench}", "", f"`{run.command}`: {status}, {run.seconds:.0f} s", ""]
+        status += f", {run.seconds:.0f} s" + (f" ({run.when})" if run.when else "")
+        lines += [f"## {run.bench}", "", f"`{run.command}`: {status}", ""]
         for own in _OWN_CHART.finditer(run.stdout):
             lines += [f"![{run.bench}]({own['path']})", ""]
         if figures:

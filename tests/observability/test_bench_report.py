@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from bench._report import BenchRun, Figure, parse_tables, render_chart, render_markdown
+from bench._report import (
+    BenchRun,
+    Figure,
+    parse_tables,
+    render_chart,
+    render_markdown,
+    runs_in,
+)
 
 TIMER = "\n".join(
     [
@@ -166,3 +173,21 @@ def test_benchmarks_md_has_no_hand_written_text_outside_bench_notes() -> None:
         "hand-written lines in BENCHMARKS.md outside bench/notes (move them into "
         f"bench/notes/<bench>.md, then into BENCHMARKS.md where make bench puts it): {leftover[:5]}"
     )
+
+
+def test_a_report_gives_back_the_runs_it_shows() -> None:
+    """``runs_in`` reads each section's run back (what ``--only`` keeps of the other benchmarks),
+    a failed one with its stderr, and never takes a section without raw output from another."""
+    runs = [
+        BenchRun("timer", "-m bench.timer", 0, 139.0, TIMER + "\n", "", "2026-12-02 10:00 UTC"),
+        BenchRun("store", "-m bench.store", 0, 12.0, STORE + "\n", ""),
+        BenchRun("agent", "-m bench.agent", 1, 3.0, "", "Traceback: boom"),
+    ]
+    text = render_markdown(runs, [], None, {"timer": "A note."})
+    raw = r"(?ms)^<details><summary>raw output</summary>$.*?^</details>$"
+    back = runs_in(re.sub(raw, "", text, count=2))  # the timer's and store's raw output cut out
+    assert list(back) == ["agent"]
+    assert back["agent"] == BenchRun("agent", "-m bench.agent", 1, 3.0, "", "Traceback: boom")
+    back = runs_in(render_markdown(runs, [], None, {"timer": "A note."}))
+    assert back == {run.bench: run for run in runs}
+    assert [f.name for f in back["timer"].figures] == [f.name for f in runs[0].figures]
