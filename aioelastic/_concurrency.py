@@ -83,7 +83,11 @@ async def first_of(*waiters: Callable[[], Awaitable[T]]) -> T:
 
 
 class Event(Protocol):
-    """What :func:`new_event` returns: an event set once, waited on by any number of tasks."""
+    """What :func:`new_event` returns: an event set once, waited on by any number of tasks.
+
+    Unlike anyio's, asyncio's ``wait()`` on an event already set returns without yielding to
+    the loop: a loop that waits again must find a fresh event, or it spins and holds the loop.
+    """
 
     def set(self) -> None: ...
 

@@ -146,7 +146,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._renewals: set[anyio.CancelScope] = set()  # each renewal in flight, in self._tg
         self._lease = Lease.for_settings(settings.heartbeat_timeout, settings.keep_alive_interval)
         self._renewal_failures = RenewalFailures()
-        self._poke = new_event()  # set by each renewal: the lease moved
+        self._poke = new_event()  # the lease moved: set and replaced by each renewal
         self._contact = -math.inf  # when a store call last succeeded, on the clock
 
     def __repr__(self) -> str:
@@ -300,7 +300,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             now = self._clock.now()
             if self._lease.lapsed(now):
                 return self._lease.describe(now)
-            poke = self._poke  # set by each renewal (the keep-alive goes on while joining)
+            poke = self._poke  # never set yet (the keep-alive goes on while joining)
             with self._clock.move_on_at(self._lease.fence_at):
                 await poke.wait()
 
@@ -560,9 +560,16 @@ class ElasticRendezvousHandler(RendezvousHandler):
         if self._lease.lapsed(sent):  # a gap (this process was paused, say): fence first
             self._fence(sent)
         self._lease.renewed(sent)
-        self._poke.set()
+        self._lease_moved()
         if (summary := self._renewal_failures.renewed(sent, self._clock.now())) is not None:
             logger.warning("rendezvous %r: %s", self.settings.run_id, summary)
+
+    def _lease_moved(self) -> None:
+        """Wake the lease's waiters, leaving a fresh poke for their next wait: one they found
+        set would not make them wait at all (asyncio's events return at once), and a loop
+        awaiting it again would hold the event loop until the lease lapsed."""
+        poke, self._poke = self._poke, new_event()
+        poke.set()
 
     async def _keep_alive(self, scope: anyio.CancelScope) -> None:
         """Keep this node alive and watch its lease, in one task (one waiting task a node,
@@ -583,7 +590,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 if now >= due:
                     tg.start_soon(self._renew_logged)
                     due = max(due + interval, now)
-                poke = self._poke = new_event()
+                poke = self._poke
                 if self._lease.lapsed(now):
                     self._fence(now)
                     wake = due

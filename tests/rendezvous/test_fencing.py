@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from aioelastic.rendezvous import InvalidationReason, RendezvousConnectionError
 from aioelastic.rendezvous import _layout as layout
 from aioelastic.rendezvous._lease import Lease, RenewalFailures
-from aioelastic.testing import RendezvousCluster
+from aioelastic.testing import ManualClock, RendezvousCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -107,6 +108,52 @@ async def test_a_paused_node_fences_when_it_runs_again() -> None:
         cluster.clock.advance(2 * cluster.settings.heartbeat_timeout)  # no task ran meanwhile
         verdicts = [await node.handler.wait_round_invalidated() for node in cluster.nodes]
     assert [v.reason for v in verdicts] == [InvalidationReason.FENCED] * 2
+
+
+class SpinCheckingClock(ManualClock):
+    """A manual clock that fails the task reading it too often while time stands still: a
+    task that re-reads it in a loop without ever yielding holds the whole event loop."""
+
+    READS = 10_000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def now(self) -> float:
+        self.reads += 1
+        if self.reads > self.READS:
+            raise AssertionError(f"the clock was read {self.READS} times while time stood still")
+        return super().now()
+
+    def advance(self, seconds: float) -> None:
+        self.reads = 0
+        super().advance(seconds)
+
+
+async def test_watching_the_lease_just_after_a_renewal_holds_no_loop_and_no_fence() -> None:
+    """Watching the lease (as an agent does while it joins with its workers running) right
+    after a renewal was acknowledged, before the keep-alive task ran, waits for the next
+    renewal: it does not re-await the renewal's event, which on asyncio returns at once and so
+    held the loop until the lease lapsed (no more renewals could run) and fenced the node."""
+    clock = SpinCheckingClock()
+    async with RendezvousCluster(2, clock=clock) as cluster:
+        await cluster.rendezvous()
+        handler = cluster.nodes[0].handler
+        timeout, interval = cluster.settings.heartbeat_timeout, cluster.settings.keep_alive_interval
+        watching = anyio.CancelScope()
+
+        async def keep_time() -> None:
+            await cluster.advance(3 * timeout, step=interval / 4)
+            watching.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep_time)
+            await handler._renew()  # acknowledged; the keep-alive task is woken, not yet run
+            with watching:
+                await handler.wait_lease_lapsed()
+        assert watching.cancelled_caught
+        assert handler.statistics().invalidated is None
 
 
 async def test_a_successor_whose_key_outlives_its_renewals_is_reported_lost() -> None:
