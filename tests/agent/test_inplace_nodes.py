@@ -266,8 +266,7 @@ async def test_gloo_survivors_of_a_lost_node_train_on_in_a_smaller_world() -> No
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
         argv = [
             "--nnodes", "2:3", "--nproc-per-node", "1", *rdzv, "--rdzv-id", "gloo-nodes",
-            "--rdzv-conf", CONF.replace("last_call_timeout=0.5", "last_call_timeout=3")
-            .replace("heartbeat_timeout=3", "heartbeat_timeout=6"),
+            "--rdzv-conf", CONF.replace("last_call_timeout=0.5", "last_call_timeout=3"),
             "--recovery", "in-place",
             TORCH_WORKER, "--steps", "100",
         ]  # fmt: skip
