@@ -450,10 +450,14 @@ class MemoryStore(Store):
         for key in keys:
             check_key(key)
         resolved, deadline = self._deadline(timeout)
+        waited = False
         while True:
             values = self.get_nowait(keys)
             if values is not None:
+                if not waited:  # a call is a checkpoint even when it need not wait
+                    await checkpoint()
                 return values
+            waited = True
             missing = next(key for key in keys if key not in self._data)
             signal = new_signal()
             self._key_waiters.setdefault(missing, set()).add(signal)

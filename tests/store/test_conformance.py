@@ -375,6 +375,31 @@ async def test_cancelled_waiter_does_not_disturb_others(
     assert results == [b"v"]
 
 
+CALLS_ON_PRESENT_KEYS = {
+    "get": lambda store: store.get("k"),
+    "multi_get": lambda store: store.multi_get(["k", "j"]),
+    "wait": lambda store: store.wait(["k", "j"]),
+    "check": lambda store: store.check(["k"]),
+    "get_prefix": lambda store: store.get_prefix("k"),
+    "num_keys": lambda store: store.num_keys(),
+    "add": lambda store: store.add("n", 1),
+    "set": lambda store: store.set("k", b"again"),
+}
+
+
+@pytest.mark.parametrize("name", CALLS_ON_PRESENT_KEYS)
+async def test_every_call_is_a_checkpoint_even_when_it_need_not_wait(
+    store: Store, name: str
+) -> None:
+    """A call that can answer at once still yields to the loop, so a pending cancellation is
+    delivered (a loop polling a present key cannot hold the event loop)."""
+    await store.multi_set(["k", "j"], [b"v", b"w"])
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await CALLS_ON_PRESENT_KEYS[name](store)
+    assert scope.cancelled_caught
+
+
 # -- change notification ---------------------------------------------------------------------
 
 
