@@ -8,10 +8,13 @@ timeout for a node that had left.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
 import anyio
 import pytest
 
-from aioelastic.rendezvous import RendezvousParameters, get_rendezvous_handler
+from aioelastic.rendezvous import RendezvousHandler, RendezvousParameters, get_rendezvous_handler
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import EtcdStore
@@ -20,18 +23,28 @@ from aioelastic.testing import EtcdCluster
 pytestmark = [pytest.mark.anyio, pytest.mark.etcd]
 
 
-async def alive_keys(store: EtcdStore, run_id: str) -> list[str]:
-    snapshot = await store.get_prefix(f"rdzv/{run_id}/")
-    return sorted(key for key in snapshot.items if key.endswith("/alive"))
-
-
-async def cancel_once_joined(node: object) -> None:
-    """Run ``node(joined)`` in a task group and cancel the group once it has joined."""
+async def cancelled_once_joined(
+    open_handler: Callable[[], AbstractAsyncContextManager[RendezvousHandler]],
+) -> None:
+    """Join a round with the handler ``open_handler()`` opens, then cancel the node from outside."""
     joined = anyio.Event()
+
+    async def node() -> None:
+        async with open_handler() as handler:
+            await handler.next_rendezvous()
+            joined.set()
+            await anyio.sleep_forever()
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(node, joined)  # type: ignore[arg-type]
+        tg.start_soon(node)
         await joined.wait()
         tg.cancel_scope.cancel()
+
+
+async def alive_keys(endpoints: str, prefix: str, run_id: str) -> list[str]:
+    async with EtcdStore(endpoints, prefix=prefix) as store:
+        snapshot = await store.get_prefix(f"rdzv/{run_id}/")
+    return sorted(key for key in snapshot.items if key.endswith("/alive"))
 
 
 async def test_a_cancelled_node_over_its_own_store_deletes_its_liveness_key(
@@ -41,18 +54,16 @@ async def test_a_cancelled_node_over_its_own_store_deletes_its_liveness_key(
     run_id, endpoints = "cancelled-own-store", etcd_server.endpoints
     settings = ElasticSettings(run_id, 1, 2, last_call_timeout=0.1)
 
-    async def node(joined: anyio.Event) -> None:
+    @asynccontextmanager
+    async def handler_over_own_store() -> AsyncIterator[RendezvousHandler]:
         async with (
             EtcdStore(endpoints, prefix=etcd_prefix) as store,
             ElasticRendezvousHandler(store, settings, backend="etcd") as handler,
         ):
-            await handler.next_rendezvous()
-            joined.set()
-            await anyio.sleep_forever()
+            yield handler
 
-    async with EtcdStore(endpoints, prefix=etcd_prefix) as admin:
-        await cancel_once_joined(node)
-        assert await alive_keys(admin, run_id) == []
+    await cancelled_once_joined(handler_over_own_store)
+    assert await alive_keys(endpoints, etcd_prefix, run_id) == []
 
 
 async def test_a_cancelled_node_over_a_store_it_opened_deletes_its_liveness_key(
@@ -71,12 +82,5 @@ async def test_a_cancelled_node_over_a_store_it_opened_deletes_its_liveness_key(
         etcd_prefix=etcd_prefix,
     )
 
-    async def node(joined: anyio.Event) -> None:
-        async with get_rendezvous_handler(parameters) as handler:
-            await handler.next_rendezvous()
-            joined.set()
-            await anyio.sleep_forever()
-
-    async with EtcdStore(endpoints, prefix=etcd_prefix) as admin:
-        await cancel_once_joined(node)
-        assert await alive_keys(admin, run_id) == []
+    await cancelled_once_joined(lambda: get_rendezvous_handler(parameters))
+    assert await alive_keys(endpoints, etcd_prefix, run_id) == []
