@@ -11,8 +11,7 @@ For N simulated nodes, each an elastic rendezvous handler in its own task of thi
 * **loss -> new generation** (in-place recovery, issue 16): the generation protocol's pure
   core (``aioelastic.agent._generations``) with one worker per node and a spare on the failed
   node, from the failed worker's exit to ``GenerationFormed``, every worker answering at once:
-  the core's CPU, not processes (``bench.recovery`` times real gloo jobs). Skipped above
-  ``GENERATION_LIMIT`` nodes: it grows as N^2 (see the notes);
+  the core's CPU, not processes (``bench.recovery`` times real gloo jobs);
 * store operations and value bytes (written + read) per node, by operation;
 * the store server's CPU during each phase (``/proc/<pid>/stat`` of the TCP store server or
   etcd process); over the memory store the whole process's CPU and the share of it the cyclic
@@ -70,7 +69,6 @@ HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
 QUICK = {"memory": (100, 1000), "tcp": (100, 1000), "etcd": (100,), "etcd-shared": (100,)}
 TARGETS = {("memory", 10000): 5.0, ("memory", 32000): 20.0, ("tcp", 1000): 1.5}  # issue 18
 LAST_CALL = 1.0  # seconds; subtracted from loss -> next round
-GENERATION_LIMIT = 4000
 CHART = Path(__file__).resolve().parent / "scale.png"
 T = TypeVar("T")
 
@@ -487,10 +485,7 @@ def print_points(points: Sequence[Point]) -> None:
         "store); gc: the share of that cpu spent in the cyclic collector; server: the TCP store "
         "server's or etcd's process; ops, bytes: per node (bytes: values written and read)"
     )
-    print(
-        f"loss->gen: the in-place recovery generation core's CPU, failure -> formed (n/a: above "
-        f"{GENERATION_LIMIT} nodes, where its N^2 makes it minutes)"
-    )
+    print("loss->gen: the in-place recovery generation core's CPU, failure -> formed")
     held = [p for p in points if math.isfinite(p.objects)]
     if held:
         print("\nwhat a node holds once its round formed (this process / N), and the collector")
@@ -661,7 +656,7 @@ def main() -> None:
             continue
         for n in chosen:
             point = memory_point(n) if backend == "memory" else tcp_point(n)
-            if backend == "memory" and n <= GENERATION_LIMIT:
+            if backend == "memory":
                 point.generation = generation_seconds(n)
             points.append(point)
             progress(point, args.json, points)
