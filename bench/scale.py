@@ -249,6 +249,7 @@ async def simulate(
     server_cpu: Callable[[], float],
 ) -> Point:
     """One round of ``nodes``, then one loss and the survivors' round (see the module doc)."""
+    gc.collect()  # the previous point's garbage is not this point's cost
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
     settings = ElasticSettings(
         run_id,
