@@ -33,7 +33,6 @@ from aioelastic.store._errors import (
     StoreTimeoutError,
     StoreValueError,
 )
-from aioelastic.store._memory import MemoryStore
 from aioelastic.store._tcp_codec import Status, encode_reply
 from aioelastic.store._tcp_requests import (
     Add,
@@ -54,6 +53,7 @@ from aioelastic.store._tcp_requests import (
     TtlRemaining,
     Wait,
     WaitForChange,
+    WaitRequest,
     read_request,
 )
 from aioelastic.store._tcp_session import HANDLERS, Session, SessionPolicy
@@ -107,8 +107,7 @@ class RelaySession(Session):
     """One connection of our protocol, relayed to ``store`` (see the module docstring)."""
 
     def __init__(self, store: Store, peer: str, policy: SessionPolicy) -> None:
-        # The base answers only the handshake here: the store it is given is never read.
-        super().__init__(MemoryStore(), peer, policy)
+        super().__init__(peer, policy)
         self.relayed = store
         self._send_inbox, self._inbox = anyio.create_memory_object_stream[AnyRequest](math.inf)
         self._waits: dict[int, anyio.CancelScope] = {}
@@ -146,6 +145,9 @@ class RelaySession(Session):
         self._send_inbox.close()
         for scope in self._waits.values():
             scope.cancel()
+
+    async def hold(self, request: WaitRequest) -> bytes:
+        raise AssertionError(f"a relay parks nothing (request {request.request_id}): it relays")
 
     async def serve(self, send: Send, hangup: Callable[[], object]) -> None:
         """Relay the queued requests until the connection closes; ``send`` writes a reply,

@@ -40,7 +40,7 @@ from aioelastic.store._auth import TOKEN_FILE_ENV
 from aioelastic.store._memory import MemoryStore
 from aioelastic.store._peers import OncePerPeer
 from aioelastic.store._tcp_codec import DEFAULT_MAX_FRAME_SIZE
-from aioelastic.store._tcp_session import Session, SessionCounts, SessionPolicy
+from aioelastic.store._tcp_session import Session, SessionCounts, SessionPolicy, StoreSession
 from aioelastic.store._tcp_transport import Link, ProtocolConnection, serve_stream
 from aioelastic.store._torch_session import TorchService
 
@@ -210,7 +210,7 @@ class TCPStoreServer(Service):
 
     def new_session(self, peer: str) -> Session:
         """The protocol state of a new connection (no I/O: see :mod:`._tcp_session`)."""
-        return Session(self.store, peer, self._policy)
+        return StoreSession(self.store, peer, self._policy)
 
     def spawn(self, function: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         """Run ``function(*args)`` in the server's task group (cancelled when it stops)."""

@@ -15,12 +15,16 @@ shell holds it (:func:`hold`, the entry's awaiting half) and sends what
 handshake at once with :attr:`Session.torch_bytes` set: the shell hands the connection to a
 torch session (:mod:`._torch_session`).
 
-The session spawns nothing and holds no counter of the server's: it counts in its own fields
+A :class:`Session` is the handshake and the framing; what an open session does with a request is
+its subclass's: a :class:`StoreSession` answers from the server's own :class:`MemoryStore`, a
+relay (:class:`~._relay.RelaySession`) hands it to a store elsewhere. The session spawns
+nothing and holds no counter of the server's: it counts in its own fields
 (:class:`SessionCounts`), which the server adds up.
 """
 
 from __future__ import annotations
 
+import abc
 import enum
 import logging
 import math
@@ -214,15 +218,15 @@ async def hold(store: MemoryStore, request: WaitRequest) -> bytes:
     return handler.reply(request_id, result)
 
 
-class Session:
+class Session(abc.ABC):
     """One connection's protocol state, without I/O: bytes in (:meth:`receive`), replies out.
 
-    The handshake (preamble, version, token) comes first; then each request is answered at
-    once, or parked for the shell (see the module docstring).
+    The handshake (preamble, version, token) comes first; then each request goes to
+    :meth:`_answer`, which answers it at once or parks it for the shell (see the module
+    docstring).
     """
 
-    def __init__(self, store: MemoryStore, peer: str, policy: SessionPolicy) -> None:
-        self.store = store
+    def __init__(self, peer: str, policy: SessionPolicy) -> None:
         self.peer = peer
         self.policy = policy
         self.phase = Phase.PREAMBLE
@@ -430,36 +434,14 @@ class Session:
         replies = [reply for body in bodies if (reply := self._answer(body)) is not None]
         return b"".join(replies)
 
+    @abc.abstractmethod
     def _answer(self, body: bytes) -> bytes | None:
-        """Return the encoded reply to one request, or None if it has none yet."""
-        try:
-            request = read_request(body)
-        except StoreProtocolError as error:
-            self.counts.bad_requests += 1
-            self.report(f"bad request: {error.reason}")
-            if error.request_id is None:
-                return None
-            return encode_reply(Status.BAD_REQUEST, error.request_id, error.reason)
-        self.counts.requests += 1
-        request_id = request.request_id
-        handler = HANDLERS.get(type(request))
-        if handler is None:
-            return self._control(request)
-        try:
-            result = handler.answer(self.store, request)
-            if result is PARK:
-                assert isinstance(request, Get | MultiGet | Wait | WaitForChange)
-                return self._park(request)
-            reply = handler.reply(request_id, result)
-            if len(reply) - 4 <= self.limit:
-                return reply
-            return self._fit(request, reply)
-        except StoreValueError as error:
-            return encode_reply(Status.VALUE_ERROR, request_id, str(error))
-        except StoreClosedError as error:
-            return encode_reply(Status.CLOSED, request_id, str(error))
-        except (ValueError, TypeError) as error:
-            return encode_reply(Status.INVALID, request_id, str(error))
+        """Return the encoded reply to one request body, or None if it has none yet."""
+
+    @abc.abstractmethod
+    async def hold(self, request: WaitRequest) -> bytes:
+        """Wait for what a parked ``request`` waits on; return its reply (the shell's half of
+        a park)."""
 
     def _control(self, request: object) -> bytes | None:
         """Answer what the table does not: ``CANCEL``, and a second ``HELLO`` or ``AUTH``."""
@@ -504,3 +486,45 @@ class Session:
             f"exceeds the maximum frame size of {limit}; read fewer or smaller keys at once "
             "(a narrower prefix, fewer keys per multi_get) or raise max_frame_size on both ends",
         )
+
+
+class StoreSession(Session):
+    """A session answered from the server's own store."""
+
+    def __init__(self, store: MemoryStore, peer: str, policy: SessionPolicy) -> None:
+        super().__init__(peer, policy)
+        self.store = store
+
+    def _answer(self, body: bytes) -> bytes | None:
+        """Return the encoded reply to one request, or None if it has none yet."""
+        try:
+            request = read_request(body)
+        except StoreProtocolError as error:
+            self.counts.bad_requests += 1
+            self.report(f"bad request: {error.reason}")
+            if error.request_id is None:
+                return None
+            return encode_reply(Status.BAD_REQUEST, error.request_id, error.reason)
+        self.counts.requests += 1
+        request_id = request.request_id
+        handler = HANDLERS.get(type(request))
+        if handler is None:
+            return self._control(request)
+        try:
+            result = handler.answer(self.store, request)
+            if result is PARK:
+                assert isinstance(request, Get | MultiGet | Wait | WaitForChange)
+                return self._park(request)
+            reply = handler.reply(request_id, result)
+            if len(reply) - 4 <= self.limit:
+                return reply
+            return self._fit(request, reply)
+        except StoreValueError as error:
+            return encode_reply(Status.VALUE_ERROR, request_id, str(error))
+        except StoreClosedError as error:
+            return encode_reply(Status.CLOSED, request_id, str(error))
+        except (ValueError, TypeError) as error:
+            return encode_reply(Status.INVALID, request_id, str(error))
+
+    async def hold(self, request: WaitRequest) -> bytes:
+        return await hold(self.store, request)

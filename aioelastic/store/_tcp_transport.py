@@ -38,7 +38,7 @@ from aioelastic._loops import on_asyncio
 from aioelastic.store._errors import StoreProtocolError
 from aioelastic.store._tcp_codec import PREAMBLE, FrameReader
 from aioelastic.store._tcp_requests import WaitRequest
-from aioelastic.store._tcp_session import Session, hold
+from aioelastic.store._tcp_session import Session
 from aioelastic.store._tls import TLS_FAILURES, NotTLSError, wrap_server_stream
 from aioelastic.store._torch_session import TorchService, TorchSession
 
@@ -153,7 +153,7 @@ class Link:
         reply: bytes | None = None
         try:
             with scope:
-                reply = await hold(session.store, request)
+                reply = await session.hold(request)
         finally:
             self.waiting -= 1
             del self.held[request.request_id]

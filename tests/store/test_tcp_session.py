@@ -20,7 +20,7 @@ from aioelastic.store._tcp_codec import (
     encode_request,
 )
 from aioelastic.store._tcp_requests import REQUEST_TYPES, Get, Wait, read_request
-from aioelastic.store._tcp_session import HANDLERS, Phase, Session, SessionPolicy
+from aioelastic.store._tcp_session import HANDLERS, Phase, Session, SessionPolicy, StoreSession
 from tests.store.test_tcp_codec import _body, _requests
 
 
@@ -36,9 +36,9 @@ def policy(**changes: object) -> SessionPolicy:
     return dataclasses.replace(defaults, **changes)  # type: ignore[arg-type]
 
 
-def open_session(store: MemoryStore | None = None) -> Session:
+def open_session(store: MemoryStore | None = None) -> StoreSession:
     """A session past its handshake (no token)."""
-    session = Session(store or MemoryStore(), "198.18.0.9:1", policy())
+    session = StoreSession(store or MemoryStore(), "198.18.0.9:1", policy())
     [welcome] = replies(session, encode_preamble() + encode_request(Op.HELLO, 0, b""))
     assert welcome.status is Status.WELCOME
     return session
@@ -142,9 +142,9 @@ def test_a_negative_timeout_is_invalid_not_parked() -> None:
 def test_torch_bytes_end_the_handshake_for_a_handover() -> None:
     """A torch client's first bytes are kept for the shell; a server that refuses torch
     clients says REFUSED-by-closing instead."""
-    session = Session(MemoryStore(), "p:1", policy())
+    session = StoreSession(MemoryStore(), "p:1", policy())
     assert session.receive(b"\x00\xce\xf7\x85\x3c") == b""
     assert (session.torch_bytes, session.open) == (b"\x00\xce\xf7\x85\x3c", True)
-    refusing = Session(MemoryStore(), "p:1", policy(torch_clients=False))
+    refusing = StoreSession(MemoryStore(), "p:1", policy(torch_clients=False))
     assert refusing.receive(b"\x00\xce\xf7\x85\x3c") == b""
     assert (refusing.torch_bytes, refusing.closing, refusing.counts.refused) == (None, True, 1)
