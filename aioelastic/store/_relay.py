@@ -29,7 +29,6 @@ from aioelastic.store._api import Store
 from aioelastic.store._errors import (
     StoreClosedError,
     StoreError,
-    StoreProtocolError,
     StoreTimeoutError,
     StoreValueError,
 )
@@ -54,7 +53,6 @@ from aioelastic.store._tcp_requests import (
     Wait,
     WaitForChange,
     WaitRequest,
-    read_request,
 )
 from aioelastic.store._tcp_session import HANDLERS, Session, SessionPolicy
 
@@ -119,17 +117,9 @@ class RelaySession(Session):
         """Waits being relayed now."""
         return len(self._waits)
 
-    def _answer(self, body: bytes) -> bytes | None:
-        """Queue one request for :meth:`serve`; answer only what is wrong with it at once."""
-        try:
-            request = read_request(body)
-        except StoreProtocolError as error:
-            self.counts.bad_requests += 1
-            self.report(f"bad request: {error.reason}")
-            if error.request_id is None:
-                return None
-            return encode_reply(Status.BAD_REQUEST, error.request_id, error.reason)
-        self.counts.requests += 1
+    def _take(self, request: AnyRequest) -> bytes | None:
+        """Queue one request for :meth:`serve` (a ``CANCEL`` or a second handshake is
+        answered at once)."""
         if isinstance(request, Cancel):
             if (scope := self._waits.get(request.request_id)) is not None:
                 scope.cancel()

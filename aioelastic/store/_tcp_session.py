@@ -434,9 +434,22 @@ class Session(abc.ABC):
         replies = [reply for body in bodies if (reply := self._answer(body)) is not None]
         return b"".join(replies)
 
-    @abc.abstractmethod
     def _answer(self, body: bytes) -> bytes | None:
         """Return the encoded reply to one request body, or None if it has none yet."""
+        try:
+            request = read_request(body)
+        except StoreProtocolError as error:
+            self.counts.bad_requests += 1
+            self.report(f"bad request: {error.reason}")
+            if error.request_id is None:
+                return None
+            return encode_reply(Status.BAD_REQUEST, error.request_id, error.reason)
+        self.counts.requests += 1
+        return self._take(request)
+
+    @abc.abstractmethod
+    def _take(self, request: AnyRequest) -> bytes | None:
+        """Answer one decoded request: its reply, or None if it has none yet."""
 
     @abc.abstractmethod
     async def hold(self, request: WaitRequest) -> bytes:
@@ -495,17 +508,7 @@ class StoreSession(Session):
         super().__init__(peer, policy)
         self.store = store
 
-    def _answer(self, body: bytes) -> bytes | None:
-        """Return the encoded reply to one request, or None if it has none yet."""
-        try:
-            request = read_request(body)
-        except StoreProtocolError as error:
-            self.counts.bad_requests += 1
-            self.report(f"bad request: {error.reason}")
-            if error.request_id is None:
-                return None
-            return encode_reply(Status.BAD_REQUEST, error.request_id, error.reason)
-        self.counts.requests += 1
+    def _take(self, request: AnyRequest) -> bytes | None:
         request_id = request.request_id
         handler = HANDLERS.get(type(request))
         if handler is None:
