@@ -733,8 +733,10 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     break
             seen = self._clock.now()
             snapshot = await store.get_prefix(prefix)
-        await self._report_lost(result.round + 1, successor, "heartbeat expired")
+        # Told first: once the report is in, the inbox watch may end the round and stop this
+        # watch before the report's own calls return.
         self._emit(NodeLost(self.settings.run_id, result.round, successor))
+        await self._report_lost(result.round + 1, successor, "heartbeat expired")
 
     async def _report_lost(self, inbox: int, node: int, why: str) -> None:
         """Report ``node`` gone in the inbox round ``inbox`` and ring its doorbell."""

@@ -23,7 +23,7 @@ from aioelastic.rendezvous import (
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import MemoryStore
-from aioelastic.testing import ManualClock
+from aioelastic.testing import FaultyStore, ManualClock
 from tests.rendezvous.conftest import MakeHandler, advance, hang
 
 pytestmark = pytest.mark.anyio
@@ -280,6 +280,37 @@ async def test_events_and_statistics_tell_the_story_of_a_round(
         verdict,
     ]
     assert watcher.statistics().invalidated == verdict
+
+
+async def test_the_watcher_reports_its_lost_successor_even_if_the_round_ends_meanwhile(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    """The node that finds its ring successor gone emits NodeLost even when the round ends
+    for another reason while it is still writing its report (a late node joined): the agent's
+    in-place recovery learns the loss from that event, not from the next round."""
+    settings = ElasticSettings(
+        "job", 2, 4, last_call_timeout=10, keep_alive_interval=5, heartbeat_timeout=15
+    )
+    views = [FaultyStore(store, name=f"node{index}") for index in range(4)]
+    handlers = [
+        ElasticRendezvousHandler(view, settings, backend="memory", clock=clock) for view in views
+    ]
+    events: list[RendezvousEvent] = []
+    async with cluster(handlers) as tg:
+        first = start(tg, handlers[:3])
+        await advance(clock, 10)  # the last call
+        ranks = {info.rank: j.handler for j, info in zip(first, await finished(first), strict=True)}
+        watcher, victim = ranks[0], ranks[1]  # rank 0 watches rank 1's liveness
+        watcher.subscribe(events.append)
+        stall = views[handlers.index(watcher)].stall("add")  # its report's doorbell
+        hang(victim)
+        await advance(clock, 16)
+        await stall.wait_held()
+        start(tg, handlers[3:])  # a late node: the round ends while the report is held
+        await watcher.wait_round_invalidated()
+        stall.release()
+        await anyio.wait_all_tasks_blocked()
+    assert NodeLost("job", 1, victim.node_id) in events
 
 
 async def test_serve_runs_the_handler_in_the_callers_task_group(
