@@ -1,12 +1,19 @@
-"""The manual clock that the rest of the suite drives time with."""
+"""The manual clock that the rest of the suite drives time with, the clocks' timers, and the
+move_on_at deadline every shell stops waiting with."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioelastic._clock import MonotonicClock
+from aioelastic._clock import Clock, MonotonicClock, TimerClock, move_on_at, timer_clock
 from aioelastic.testing import ManualClock
+from tests.clocks import RecordingClock, ScopeOnlyClock
 
 pytestmark = pytest.mark.anyio
 
@@ -158,3 +165,222 @@ def test_waiters_wake_exactly_when_their_deadline_is_reached(
             tg.cancel_scope.cancel()
 
     anyio.run(check, backend="trio")  # trio knows exactly when every task is blocked
+
+
+# -- timers ---------------------------------------------------------------------------------
+
+
+ManualLike = ManualClock | ScopeOnlyClock
+
+
+@pytest.fixture(params=["manual", "scope-only"])
+def manual(request: pytest.FixtureRequest) -> ManualLike:
+    """A clock a test moves by hand: with timers, or a user's clock with move_on_at only."""
+    return ManualClock() if request.param == "manual" else ScopeOnlyClock()
+
+
+@pytest.fixture
+def on_trio(anyio_backend: Any) -> bool:
+    """Whether the test runs on trio."""
+    return (anyio_backend[0] if isinstance(anyio_backend, tuple) else anyio_backend) == "trio"
+
+
+@pytest.fixture
+def asyncio_only(on_trio: bool) -> None:
+    """Skips on trio: timers call back from an asyncio loop."""
+    if on_trio:
+        pytest.skip("clock timers call back from an asyncio loop")
+
+
+def test_both_clocks_set_timers_and_a_scope_only_clock_does_not() -> None:
+    """MonotonicClock and ManualClock are timer clocks; a clock with move_on_at alone is a
+    Clock without timers, which the helpers fall back from."""
+    assert isinstance(MonotonicClock(), TimerClock)
+    assert isinstance(ManualClock(), TimerClock)
+    scope_only = ScopeOnlyClock()
+    assert isinstance(scope_only, Clock)
+    assert not isinstance(scope_only, TimerClock)
+    assert timer_clock(scope_only) is None
+
+
+def test_manual_timers_run_when_time_reaches_their_deadline_in_order() -> None:
+    """Each timer runs once, from the advance that reaches its deadline, earliest first."""
+    clock = ManualClock()
+    ran: list[str] = []
+    clock.call_at(5.0, ran.append, "five")
+    clock.call_at(3.0, ran.append, "three")
+    clock.call_at(9.0, ran.append, "nine")
+    clock.advance(2.9)
+    assert ran == []
+    clock.advance(2.1)
+    assert ran == ["three", "five"]
+    assert clock.sleepers == 1
+    clock.advance(10.0)
+    assert ran == ["three", "five", "nine"]
+    assert clock.sleepers == 0
+
+
+def test_a_cancelled_manual_timer_never_runs() -> None:
+    """A timer cancelled before its deadline is forgotten; cancelling one that ran is a no-op."""
+    clock = ManualClock()
+    ran: list[str] = []
+    early = clock.call_at(5.0, ran.append, "cancelled")
+    late = clock.call_at(1.0, ran.append, "ran")
+    early.cancel()
+    assert clock.sleepers == 1
+    clock.advance(10.0)
+    late.cancel()
+    assert ran == ["ran"]
+    assert clock.sleepers == 0
+
+
+async def test_a_manual_timer_already_due_runs_from_the_loop(asyncio_only: None) -> None:
+    """A timer whose deadline was already reached runs soon, from the loop, never from within
+    call_at; cancelled first, it does not run."""
+    clock = ManualClock(start=10.0)
+    ran: list[str] = []
+    clock.call_at(3.0, ran.append, "due")
+    clock.call_at(10.0, ran.append, "cancelled").cancel()
+    assert ran == []
+    await asyncio.sleep(0)
+    assert ran == ["due"]
+
+
+async def test_monotonic_timers_run_from_the_loop(asyncio_only: None) -> None:
+    """MonotonicClock.call_at is the loop's timer: due now, it runs at the loop's next turn;
+    cancelled first, it does not run."""
+    clock = MonotonicClock()
+    ran = anyio.Event()
+    cancelled: list[str] = []
+    clock.call_at(clock.now() - 1.0, cancelled.append, "cancelled").cancel()
+    clock.call_at(clock.now(), ran.set)
+    with anyio.fail_after(10):  # generous: the loop's next turn
+        await ran.wait()
+    assert cancelled == []
+
+
+# -- move_on_at -----------------------------------------------------------------------------
+
+
+async def test_move_on_at_ends_the_block_at_its_deadline(manual: ManualLike) -> None:
+    """The block waits until the clock reaches the deadline; then its cancellation stops at
+    the deadline, which says it ended the block, and no waiter is left on the clock."""
+    reached: list[bool] = []
+    after: list[str] = []
+
+    async def waiter() -> None:
+        with move_on_at(manual, 5.0) as scope:
+            await anyio.sleep_forever()
+            after.append("not reached")  # pragma: no cover
+        reached.append(scope.cancelled_caught)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        manual.advance(4.0)
+        await anyio.wait_all_tasks_blocked()
+        assert reached == []
+        manual.advance(1.0)
+    assert reached == [True]
+    assert after == []
+    assert manual.sleepers == 0
+
+
+async def test_move_on_at_left_before_its_deadline_cancels_nothing(manual: ManualLike) -> None:
+    """A block that ends first says the deadline did not end it, and leaves no timer: time
+    passing the deadline later cancels nothing."""
+    with move_on_at(manual, 5.0) as scope:
+        await anyio.lowlevel.checkpoint()
+    assert manual.sleepers == 0
+    manual.advance(10.0)
+    await anyio.lowlevel.checkpoint()  # raised here if a cancellation were still pending
+    assert not scope.cancelled_caught
+
+
+async def test_move_on_at_a_passed_deadline_stops_the_block_at_its_first_yield(
+    manual: ManualLike,
+) -> None:
+    """A deadline already reached ends the block at its first checkpoint; a block that never
+    yields to the loop runs to its end."""
+    manual.advance(10.0)
+    with move_on_at(manual, 3.0) as yielding:
+        await anyio.lowlevel.checkpoint()
+        pytest.fail("the block went on past its first checkpoint")  # pragma: no cover
+    assert yielding.cancelled_caught
+    ran = False
+    with move_on_at(manual, 3.0) as quiet:
+        ran = True
+    await anyio.lowlevel.checkpoint()  # raised here if a cancellation were still pending
+    assert ran
+    assert not quiet.cancelled_caught
+    assert manual.sleepers == 0
+
+
+@pytest.mark.parametrize("outer_first", [None, True, False], ids=["alone", "first", "second"])
+async def test_move_on_at_never_swallows_an_outer_cancellation(
+    manual: ManualLike, outer_first: bool | None
+) -> None:
+    """A cancellation from outside ends the outer scope, also when it comes in the same turn as
+    the block's deadline, either first or second: it goes through the block, or (an anyio
+    scope's, after the deadline's) reaches the task at its next checkpoint, as anyio
+    delivers it."""
+    outer = anyio.CancelScope()
+
+    async def waiter() -> None:
+        with outer:
+            with move_on_at(manual, 5.0):
+                await anyio.sleep_forever()
+            await anyio.lowlevel.checkpoint()
+            pytest.fail("the outer cancellation was swallowed")  # pragma: no cover
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        if outer_first:
+            outer.cancel()
+        if outer_first is not None:
+            manual.advance(5.0)
+        if not outer_first:
+            outer.cancel()
+    assert outer.cancelled_caught
+    assert manual.sleepers == 0
+
+
+async def test_move_on_at_does_not_swallow_a_task_cancelled_natively(asyncio_only: None) -> None:
+    """A task cancelled from outside (asyncio's own cancel) in the same turn as its block's
+    deadline ends cancelled: the deadline swallows only its own cancellation."""
+    clock = ManualClock()
+    parked = asyncio.Event()
+
+    async def waiter() -> None:
+        with move_on_at(clock, 5.0):
+            parked.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.get_running_loop().create_task(waiter())
+    await parked.wait()
+    clock.advance(5.0)
+    task.cancel()
+    await asyncio.wait([task])
+    assert task.cancelled()
+
+
+async def test_move_on_at_sets_a_timer_on_asyncio_and_a_scope_elsewhere(on_trio: bool) -> None:
+    """On asyncio a timer clock's deadline is one timer (no anyio cancel scope); on trio it is
+    the clock's own scope."""
+    clock = RecordingClock()
+    with move_on_at(clock, 5.0):
+        await anyio.lowlevel.checkpoint()
+    assert clock.used == (["scope"] if on_trio else ["timer"])
+
+
+async def test_move_on_at_on_the_monotonic_clock() -> None:
+    """On the loop's clock, a passed deadline ends the block at its first checkpoint and a
+    distant one ends nothing."""
+    clock = MonotonicClock()
+    with move_on_at(clock, clock.now() - 1.0) as passed:
+        await anyio.sleep_forever()
+    with move_on_at(clock, clock.now() + 3600.0) as distant:
+        await anyio.lowlevel.checkpoint()
+    await anyio.lowlevel.checkpoint()  # raised here if a cancellation were still pending
+    assert (passed.cancelled_caught, distant.cancelled_caught) == (True, False)
