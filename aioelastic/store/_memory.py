@@ -11,6 +11,8 @@ times one node, not a million. Expiry is lazy:
 every call first removes the keys whose deadline passed. A prefix waiter also sleeps on the
 clock until the earliest deadline under its prefix, so an expiry wakes it at the expiry time
 without any background task. Timeouts run on the same clock, so a test moves time for both.
+On asyncio with a clock that sets timers (:class:`~aioelastic._clock.TimerClock`), a wait's
+deadline is one timer that fires its signal as expired; other clocks bound it by a scope.
 
 The synchronous ``*_nowait`` methods are the whole state machine; the async methods add only
 waiting. The TCP server calls the synchronous ones directly on its hot path.
@@ -27,7 +29,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from aioelastic._clock import Clock, MonotonicClock
+from aioelastic._clock import Clock, MonotonicClock, Timer, timer_clock
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._errors import StoreClosedError, StoreTimeoutError, StoreValueError
 from aioelastic.store._keyindex import Directory, KeyIndex, split
@@ -58,9 +60,10 @@ class MemoryStoreStatistics:
     """Waiters woken by changes, since creation."""
 
 
-Signal = asyncio.Future[None] | anyio.Event
+Signal = asyncio.Future[bool] | anyio.Event
 """What one waiting call waits on: a bare future on asyncio (awaited by the call itself: no
-Event, no wait coroutines, no per-Event deque), an anyio Event on other backends."""
+Event, no wait coroutines, no per-Event deque), an anyio Event on other backends. A future
+says why it was set: True for a change, False for its deadline (see :func:`expire`)."""
 
 
 def new_signal() -> Signal:
@@ -73,19 +76,35 @@ def fire(signal: Signal) -> None:
     """Wake the call waiting on ``signal`` (a no-op once it woke or gave up)."""
     if isinstance(signal, asyncio.Future):
         if not signal.done():
-            signal.set_result(None)
+            signal.set_result(True)
     else:
         signal.set()
 
 
+def expire(signal: asyncio.Future[bool]) -> None:
+    """Wake the call waiting on ``signal``: its deadline is reached (the signal's timer)."""
+    if not signal.done():
+        signal.set_result(False)
+
+
 def fired(signal: Signal) -> bool:
-    """Whether ``signal`` was fired (not given up on: a cancelled call cancels its future)."""
+    """Whether ``signal`` was fired by a change (not expired, nor given up on: a cancelled
+    call cancels its future)."""
     if isinstance(signal, asyncio.Future):
-        return signal.done() and not signal.cancelled()
+        return signal.done() and not signal.cancelled() and signal.result()
     return signal.is_set()
 
 
-def wait_on(signal: Signal) -> Awaitable[None]:
+def set_timer(clock: Clock, signal: Signal, deadline: float) -> Timer | None:
+    """A timer on ``clock`` that expires ``signal`` at ``deadline``; None when the wait takes
+    a scope instead (a clock without timers, or not on asyncio) or has no deadline."""
+    if deadline == math.inf or not isinstance(signal, asyncio.Future):
+        return None
+    timers = timer_clock(clock)
+    return None if timers is None else timers.call_at(deadline, expire, signal)
+
+
+def wait_on(signal: Signal) -> Awaitable[object]:
     """What a call awaits until ``signal`` fires."""
     return signal if isinstance(signal, asyncio.Future) else signal.wait()
 
@@ -148,6 +167,20 @@ def checkpoint() -> Coroutine[Any, Any, None]:
 
 def _nothing(_: object) -> None:
     return None
+
+
+def _none(_: list[bytes]) -> None:
+    """What ``wait`` returns of the values it waited for."""
+
+
+def _first(values: list[bytes]) -> bytes:
+    """What ``get`` returns of the values it waited for."""
+    return values[0]
+
+
+def _all(values: list[bytes]) -> list[bytes]:
+    """What ``multi_get`` returns of the values it waited for."""
+    return values
 
 
 async def _call_then_checkpoint(function: Callable[..., T], store: object, *args: Any) -> T:
@@ -446,7 +479,11 @@ class MemoryStore(Store):
         resolved = self.resolve_timeout(timeout)
         return resolved, self.clock.now() + resolved
 
-    async def _wait_keys(self, keys: Sequence[str], timeout: float | None) -> list[bytes]:
+    async def _wait_keys(
+        self, keys: Sequence[str], timeout: float | None, pick: Callable[[list[bytes]], T]
+    ) -> T:
+        """Wait until every key of ``keys`` exists; return ``pick(values)``: what the call
+        returns, so that each waiting call is this one coroutine (no wrapper per call)."""
         for key in keys:
             check_key(key)
         resolved, deadline = self._deadline(timeout)
@@ -456,19 +493,23 @@ class MemoryStore(Store):
             if values is not None:
                 if not waited:  # a call is a checkpoint even when it need not wait
                     await checkpoint()
-                return values
+                return pick(values)
             waited = True
             missing = next(key for key in keys if key not in self._data)
             signal = new_signal()
             self._key_waiters.setdefault(missing, set()).add(signal)
+            timer = set_timer(self.clock, signal, deadline)
             try:
-                if deadline == math.inf:  # waited here, not in a helper: a waiting call
-                    # holds one coroutine fewer while every other simulated node waits too
+                if timer is not None or deadline == math.inf:  # waited here, not in a
+                    # helper: a waiting call holds one coroutine fewer while every other
+                    # simulated node waits too
                     await wait_on(signal)
                 else:
                     with self.clock.move_on_at(deadline):
                         await wait_on(signal)
             finally:
+                if timer is not None:
+                    timer.cancel()
                 if not fired(signal):
                     waiters = self._key_waiters.get(missing)
                     if waiters is not None:
@@ -485,8 +526,8 @@ class MemoryStore(Store):
     def set(self, key: str, value: Value, *, ttl: float | None = None) -> Coroutine[Any, Any, None]:
         return call(MemoryStore._set_ttl, self, key, value, ttl)
 
-    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
-        return (await self._wait_keys((check_key(key),), timeout))[0]
+    def get(self, key: str, *, timeout: float | None = None) -> Coroutine[Any, Any, bytes]:
+        return self._wait_keys((key,), timeout, _first)
 
     def add(self, key: str, amount: int) -> Coroutine[Any, Any, int]:
         return call(MemoryStore.add_nowait, self, key, amount)
@@ -494,8 +535,10 @@ class MemoryStore(Store):
     def compare_set(self, key: str, expected: Value, desired: Value) -> Coroutine[Any, Any, bytes]:
         return call(MemoryStore.compare_set_nowait, self, key, expected, desired)
 
-    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
-        await self._wait_keys(keys, timeout)
+    def wait(
+        self, keys: Sequence[str], *, timeout: float | None = None
+    ) -> Coroutine[Any, Any, None]:
+        return self._wait_keys(keys, timeout, _none)
 
     def check(self, keys: Sequence[str]) -> Coroutine[Any, Any, bool]:
         return call(MemoryStore.check_nowait, self, keys)
@@ -506,8 +549,10 @@ class MemoryStore(Store):
     def num_keys(self) -> Coroutine[Any, Any, int]:
         return call(MemoryStore.num_keys_nowait, self)
 
-    async def multi_get(self, keys: Sequence[str], *, timeout: float | None = None) -> list[bytes]:
-        return await self._wait_keys(keys, timeout)
+    def multi_get(
+        self, keys: Sequence[str], *, timeout: float | None = None
+    ) -> Coroutine[Any, Any, list[bytes]]:
+        return self._wait_keys(keys, timeout, _all)
 
     def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> Coroutine[Any, Any, None]:
         return call(MemoryStore.multi_set_nowait, self, keys, values)
@@ -532,20 +577,21 @@ class MemoryStore(Store):
             waiter = (prefix, signal)
             self._change_waiters.setdefault(path, []).append(waiter)
             until = min(deadline, self._next_expiry(prefix))
+            timer = set_timer(self.clock, signal, until)
             try:  # waited here, as in _wait_keys
-                if until == math.inf:
+                if timer is not None or until == math.inf:
                     await wait_on(signal)
                 else:
                     with self.clock.move_on_at(until):
                         await wait_on(signal)
             finally:
+                if timer is not None:
+                    timer.cancel()
                 if not fired(signal):
                     self._forget_change_waiter(path, waiter)
-            if (
-                not fired(signal)
-                and self.clock.now() >= deadline
-                and not self.changed_since(prefix, after)
-            ):
+            # Not woken by a change: it reached the call's deadline, or a key's expiry (the
+            # next check sees that change).
+            if not fired(signal) and until >= deadline and not self.changed_since(prefix, after):
                 raise StoreTimeoutError([f"{prefix}*"], resolved, self.endpoint)
         await checkpoint()
         return self._revision

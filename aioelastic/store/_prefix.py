@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -16,7 +17,8 @@ class PrefixStore(Store):
     underlying store open. :meth:`num_keys` counts only the keys under the prefix.
 
     A call whose result needs no rewriting hands back the inner store's own coroutine (a
-    waiting node holds one coroutine fewer: see :class:`~aioelastic.store._memory.Call`).
+    waiting node holds one coroutine fewer: see :class:`~aioelastic.store._memory.Call`), as
+    does a wait without a timeout (no timeout error to name the caller's keys in).
     """
 
     def __init__(self, prefix: str, store: Store) -> None:
@@ -48,7 +50,12 @@ class PrefixStore(Store):
     def set(self, key: str, value: Value, *, ttl: float | None = None) -> Coroutine[Any, Any, None]:
         return self.store.set(self._key(key), value, ttl=ttl)
 
-    async def get(self, key: str, *, timeout: float | None = None) -> bytes:
+    def get(self, key: str, *, timeout: float | None = None) -> Coroutine[Any, Any, bytes]:
+        if timeout == math.inf:
+            return self.store.get(self._key(key), timeout=timeout)
+        return self._get(key, timeout)
+
+    async def _get(self, key: str, timeout: float | None) -> bytes:
         try:
             return await self.store.get(self._key(key), timeout=timeout)
         except StoreTimeoutError as error:
@@ -60,7 +67,14 @@ class PrefixStore(Store):
     def compare_set(self, key: str, expected: Value, desired: Value) -> Coroutine[Any, Any, bytes]:
         return self.store.compare_set(self._key(key), expected, desired)
 
-    async def wait(self, keys: Sequence[str], *, timeout: float | None = None) -> None:
+    def wait(
+        self, keys: Sequence[str], *, timeout: float | None = None
+    ) -> Coroutine[Any, Any, None]:
+        if timeout == math.inf:
+            return self.store.wait(self._keys(keys), timeout=timeout)
+        return self._wait(keys, timeout)
+
+    async def _wait(self, keys: Sequence[str], timeout: float | None) -> None:
         try:
             await self.store.wait(self._keys(keys), timeout=timeout)
         except StoreTimeoutError as error:
@@ -98,9 +112,14 @@ class PrefixStore(Store):
         size = len(self._head)
         return Snapshot(snapshot.revision, {k[size:]: v for k, v in snapshot.items.items()})
 
-    async def wait_for_change(
+    def wait_for_change(
         self, prefix: str, *, after: int, timeout: float | None = None
-    ) -> int:
+    ) -> Coroutine[Any, Any, int]:
+        if timeout == math.inf:
+            return self.store.wait_for_change(self._key(prefix), after=after, timeout=timeout)
+        return self._wait_for_change(prefix, after, timeout)
+
+    async def _wait_for_change(self, prefix: str, after: int, timeout: float | None) -> int:
         try:
             return await self.store.wait_for_change(self._key(prefix), after=after, timeout=timeout)
         except StoreTimeoutError as error:

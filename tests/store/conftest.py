@@ -10,13 +10,14 @@ skips the backends whose time they cannot drive.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVarTuple
 
 import anyio
 import pytest
 
+from aioelastic._clock import Timer
 from aioelastic.store import (
     MemoryStore,
     PrefixStore,
@@ -27,6 +28,8 @@ from aioelastic.store import (
 )
 from aioelastic.testing import ManualClock
 from tests.store.blocking_adapter import ThreadedBlockingStore
+
+Ts = TypeVarTuple("Ts")
 
 BACKENDS = ["memory", "prefix", "tcp", "etcd", "blocking", "relay"]
 """Every store backend the conformance suite runs on."""
@@ -41,8 +44,9 @@ CLOCKED = {"memory", "prefix", "tcp", "blocking", "relay"}
 class WatchedClock(ManualClock):
     """A manual clock that lets a test wait until tasks sleep on it (event-driven, no polling).
 
-    A waiting store call with a finite timeout sets a deadline on its store's clock, so "one
-    more sleeper" means "the call is parked": the test then exercises the wake-up path.
+    A waiting store call with a finite timeout sets a deadline on its store's clock (a timer,
+    or a scope), so "one more sleeper" means "the call is parked": the test then exercises the
+    wake-up path.
     """
 
     def __init__(self) -> None:
@@ -57,6 +61,10 @@ class WatchedClock(ManualClock):
     def move_on_at(self, deadline: float) -> AbstractContextManager[anyio.CancelScope]:
         self._count(deadline)
         return super().move_on_at(deadline)
+
+    def call_at(self, deadline: float, callback: Callable[[*Ts], object], *args: *Ts) -> Timer:
+        self._count(deadline)
+        return super().call_at(deadline, callback, *args)
 
     def _count(self, deadline: float) -> None:
         if self.now() < deadline < math.inf:

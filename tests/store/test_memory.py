@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from aioelastic.store import MemoryStore, PrefixStore, Store, StoreClosedError, StoreTimeoutError
 from aioelastic.testing import ManualClock
+from tests.clocks import RecordingClock, ScopeOnlyClock
 from tests.store.conftest import Parked, WatchedClock
 
 _keys = st.sampled_from(["a", "b", "p/a", "p/b", "p/q/a", "pa"])
@@ -207,3 +208,112 @@ async def test_default_ttl_remaining_answers_missing_keys_and_refuses_the_rest()
     assert await store.ttl_remaining("missing") is None
     with pytest.raises(NotImplementedError, match="cannot say how long a key's TTL has left"):
         await store.ttl_remaining("lease")
+
+
+WAITS = {
+    "get": lambda store, timeout: store.get("k", timeout=timeout),
+    "wait": lambda store, timeout: store.wait(["here", "k"], timeout=timeout),
+    "multi_get": lambda store, timeout: store.multi_get(["here", "k"], timeout=timeout),
+    "wait_for_change": lambda store, timeout: store.wait_for_change(
+        "k", after=store.revision, timeout=timeout
+    ),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("clocked", ["timers", "scope-only"])
+@pytest.mark.parametrize("call", sorted(WAITS))
+async def test_a_wait_that_times_out_raises_and_leaves_no_waiter(call: str, clocked: str) -> None:
+    """A wait reaching its timeout raises StoreTimeoutError and leaves no waiter behind: none
+    in the store, none on its clock (a timer clock's timer, or a user's clock's scope)."""
+    clock = ManualClock() if clocked == "timers" else ScopeOnlyClock()
+    store = MemoryStore(clock=clock)
+    store.set_nowait("here", b"1")
+    timed_out: list[StoreTimeoutError] = []
+
+    async def waiter() -> None:
+        with pytest.raises(StoreTimeoutError) as raised:
+            await WAITS[call](store, 5.0)
+        timed_out.append(raised.value)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        assert clock.sleepers == 1
+        clock.advance(4.0)
+        await anyio.wait_all_tasks_blocked()
+        assert timed_out == []
+        clock.advance(1.0)
+    assert [error.timeout for error in timed_out] == [5.0]
+    stats = store.statistics()
+    assert (stats.key_waiters, stats.change_waiters, clock.sleepers) == (0, 0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_wait_sets_a_timer_on_asyncio_and_a_scope_on_trio(anyio_backend: object) -> None:
+    """On asyncio a timed wait is one timer on the clock (no cancel scope); on trio, a scope."""
+    on_trio = (anyio_backend[0] if isinstance(anyio_backend, tuple) else anyio_backend) == "trio"
+    clock = RecordingClock()
+    store = MemoryStore(clock=clock)
+    with pytest.raises(StoreTimeoutError):
+        await store.get("k", timeout=0)
+    with pytest.raises(StoreTimeoutError):
+        await store.wait_for_change("", after=store.revision, timeout=0)
+    assert clock.used == (["scope"] * 2 if on_trio else ["timer"] * 2)
+
+
+@pytest.mark.anyio
+async def test_a_key_set_as_the_timeout_is_reached_is_returned() -> None:
+    """A wait whose deadline and key come in the same turn returns the value: the key is
+    there when it looks again."""
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    got: list[bytes] = []
+
+    async def waiter() -> None:
+        got.append(await store.get("k", timeout=5.0))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(5.0)
+        store.set_nowait("k", b"v")
+    assert got == [b"v"]
+    assert store.statistics().key_waiters == 0
+
+
+@pytest.mark.anyio
+async def test_a_wait_for_change_wakes_at_an_expiry_before_its_timeout() -> None:
+    """A prefix wait wakes when a key under it expires (its deadline comes before the call's
+    timeout): the expiry is a change; its timer is gone afterwards."""
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    store.set_nowait("p/lease", b"1", ttl=2.0)
+    woke: list[int] = []
+
+    async def waiter() -> None:
+        woke.append(await store.wait_for_change("p/", after=store.revision, timeout=10.0))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(2.0)
+    assert woke == [store.revision]
+    assert store.get_prefix_nowait("p/").items == {}
+    assert clock.sleepers == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("call", sorted(WAITS))
+async def test_a_wait_woken_by_a_change_leaves_no_timer(call: str) -> None:
+    """A wait that a change ends before its timeout drops its timer and its waiter."""
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    store.set_nowait("here", b"1")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(WAITS[call], store, 5.0)
+        await anyio.wait_all_tasks_blocked()
+        assert clock.sleepers == 1
+        store.set_nowait("k", b"v")
+    stats = store.statistics()
+    assert (stats.key_waiters, stats.change_waiters, clock.sleepers) == (0, 0, 0)

@@ -7,8 +7,9 @@ withdrawn wait leaving the backing store, a backing store that fails, a new keys
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -28,6 +29,9 @@ from tests.store.torch_client import TorchClientProcess
 pytestmark = pytest.mark.anyio
 
 
+T = TypeVar("T")
+
+
 class WatchedStore(MemoryStore):
     """A memory store that says when a call parks on a missing key and when it leaves."""
 
@@ -36,11 +40,13 @@ class WatchedStore(MemoryStore):
         self.parked = anyio.Event()
         self.left = anyio.Event()
 
-    async def _wait_keys(self, keys: Sequence[str], timeout: float | None) -> list[bytes]:
+    async def _wait_keys(
+        self, keys: Sequence[str], timeout: float | None, pick: Callable[[list[bytes]], T]
+    ) -> T:
         if self.get_nowait(keys) is None:
             self.parked.set()
         try:
-            return await super()._wait_keys(keys, timeout)
+            return await super()._wait_keys(keys, timeout, pick)
         finally:
             self.left.set()
 

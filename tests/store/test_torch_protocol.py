@@ -10,8 +10,9 @@ import contextlib
 import logging
 import struct
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -36,6 +37,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.torch]
 VALIDATE = encode_request(TorchRequest(TorchOp.VALIDATE, (0x3C85F7CE,)))
 
 
+T = TypeVar("T")
+
+
 class ParkingStore(MemoryStore):
     """A memory store that lets a test wait, without polling, until a call parks on a key."""
 
@@ -44,13 +48,15 @@ class ParkingStore(MemoryStore):
         self.parked = 0
         self._watchers: list[tuple[int, anyio.Event]] = []
 
-    async def _wait_keys(self, keys: Sequence[str], timeout: float | None) -> list[bytes]:
+    async def _wait_keys(
+        self, keys: Sequence[str], timeout: float | None, pick: Callable[[list[bytes]], T]
+    ) -> T:
         if self.get_nowait(keys) is None:
             self.parked += 1
             for count, event in self._watchers:
                 if self.parked >= count:
                     event.set()
-        return await super()._wait_keys(keys, timeout)
+        return await super()._wait_keys(keys, timeout, pick)
 
     async def wait_parked(self, count: int) -> None:
         """Return once ``count`` calls in all have parked on a missing key."""
