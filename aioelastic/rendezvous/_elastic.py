@@ -29,7 +29,7 @@ from typing import Self, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from aioelastic._clock import Clock, MonotonicClock
+from aioelastic._clock import Clock, MonotonicClock, move_on_at
 from aioelastic._concurrency import Cancel, Event, LightTasks, first_of, new_event
 from aioelastic._subscribers import Subscribers
 from aioelastic.rendezvous import _layout as layout
@@ -139,10 +139,10 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._rank = -1
         self._invalidated: RoundInvalidated | None = None
         self._invalid_event: Event | None = None
-        self._watches: LightTasks | None = None  # the round's watches, in self._tg
+        self._watches: LightTasks | None = None  # the keep-alive, the round's watches
         self._stop_inbox: Cancel | None = None  # cancels the round's inbox watch
         self._stop_successor: Cancel | None = None  # and its ring successor watch
-        self._keep_alive_scope: anyio.CancelScope | None = None  # keep-alives and the lease
+        self._stop_keep_alive: Cancel | None = None  # keep-alives and the lease, a light task
         self._renewals: set[anyio.CancelScope] = set()  # each renewal in flight, in self._tg
         self._lease = Lease.for_settings(settings.heartbeat_timeout, settings.keep_alive_interval)
         self._renewal_failures = RenewalFailures()
@@ -195,8 +195,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._watches = LightTasks(self._tg)  # made now, not as the round completes: at
             # scale what a formation makes is promoted to the collector's oldest generation
-            self._keep_alive_scope = anyio.CancelScope()
-            self._tg.start_soon(self._keep_alive, self._keep_alive_scope)
+            self._stop_keep_alive = self._watches.start(self._keep_alive)
         except BaseException:
             await stack.aclose()
             raise
@@ -301,7 +300,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             if self._lease.lapsed(now):
                 return self._lease.describe(now)
             poke = self._poke  # never set yet (the keep-alive goes on while joining)
-            with self._clock.move_on_at(self._lease.fence_at):
+            with move_on_at(self._clock, self._lease.fence_at):
                 await poke.wait()
 
     async def is_closed(self) -> bool:
@@ -345,8 +344,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
         if self._shut or self._store is None:
             return True
         self._shut = True
-        if self._keep_alive_scope is not None:
-            self._keep_alive_scope.cancel()
+        if self._stop_keep_alive is not None:
+            self._stop_keep_alive()
         for renewal in self._renewals:
             renewal.cancel()
         store = self._store
@@ -414,7 +413,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
                 await store.set(layout.join_key(round_, record.node), record.encode())
                 return m.Arrived(await store.add(layout.count_key(round_), 1))
             case m.AwaitResult(round_, deadline):
-                with self._clock.move_on_at(deadline):
+                with move_on_at(self._clock, deadline):
                     return m.ResultSeen(
                         await store.get(layout.result_key(round_), timeout=math.inf)
                     )
@@ -506,9 +505,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._invalid_event = new_event()
         watches = self._watches
         assert watches is not None
-        self._stop_inbox = watches.start(self._monitor, self._watch_inbox, result)
+        self._stop_inbox = watches.start(self._watch_inbox, result)
         if m.ring_successor(result.members, self._node) is not None:
-            self._stop_successor = watches.start(self._monitor, self._watch_successor, result)
+            self._stop_successor = watches.start(self._watch_successor, result)
         self._emit(
             RoundCompleted(self.settings.run_id, result.round, self._node, rank, result.world_size)
         )
@@ -571,9 +570,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
         poke, self._poke = self._poke, new_event()
         poke.set()
 
-    async def _keep_alive(self, scope: anyio.CancelScope) -> None:
-        """Keep this node alive and watch its lease, in one task (one waiting task a node,
-        where thousands of nodes share a process).
+    async def _keep_alive(self) -> None:
+        """Keep this node alive and watch its lease, in one light task (one waiting task a
+        node, where thousands of nodes share a process; shutdown cancels it).
 
         Renew every ``keep_alive_interval``, each renewal on its own: one stuck on a dead
         connection or member does not hold back the next. Fence the current round as soon as
@@ -583,21 +582,20 @@ class ElasticRendezvousHandler(RendezvousHandler):
         """
         interval, clock, tg = self.settings.keep_alive_interval, self._clock, self._tg
         assert tg is not None
-        with scope:
-            due = clock.now() + interval
-            while True:
-                now = clock.now()
-                if now >= due:
-                    tg.start_soon(self._renew_logged)
-                    due = max(due + interval, now)
-                poke = self._poke
-                if self._lease.lapsed(now):
-                    self._fence(now)
-                    wake = due
-                else:
-                    wake = min(due, self._lease.fence_at)
-                with clock.move_on_at(wake):
-                    await poke.wait()
+        due = clock.now() + interval
+        while True:
+            now = clock.now()
+            if now >= due:
+                tg.start_soon(self._renew_logged)
+                due = max(due + interval, now)
+            poke = self._poke
+            if self._lease.lapsed(now):
+                self._fence(now)
+                wake = due
+            else:
+                wake = min(due, self._lease.fence_at)
+            with move_on_at(clock, wake):
+                await poke.wait()
 
     async def _renew_logged(self) -> None:
         """Renew once; a failure is logged when a run of them starts (see
@@ -665,46 +663,46 @@ class ElasticRendezvousHandler(RendezvousHandler):
         if self._last is not None:
             self._invalidate(RoundInvalidated(InvalidationReason.NODES_WAITING, why))
 
-    async def _monitor(
-        self,
-        watch: Callable[[layout.RoundResult], Awaitable[None]],
-        result: layout.RoundResult,
-    ) -> None:
-        """Run one of the round's watches (its inbox, its ring successor).
+    async def _watch_again(self, result: layout.RoundResult, error: StoreError) -> bool:
+        """After one of the round's watches failed on the store: pause, and say whether to
+        watch again.
 
-        Each watch is a light task of its own (:class:`LightTasks`), so neither holds the
-        other back. A store failure is
-        no verdict: the watch starts again while the lease holds (a blip costs the world
-        nothing), and once the lease lapses :meth:`_keep_alive` fences the round, which stops
-        the workers before anyone may take their ranks.
+        Each watch (its inbox, its ring successor) is a light task of its own, so neither
+        holds the other back, and retries itself: a wrapper coroutine doing it would hold two
+        objects more a node while every node waits. A store failure is no verdict: the watch
+        starts again while the lease holds (a blip costs the world nothing), and once the
+        lease lapses :meth:`_keep_alive` fences the round, which stops the workers before
+        anyone may take their ranks (False: stop).
         """
-        while True:
-            try:
-                await watch(result)
-                return
-            except StoreError as failure:
-                error = failure
-            if self._lease.lapsed(self._clock.now()):
-                return
-            logger.warning(
-                "rendezvous %r: watching round %d failed (%s); watching again while the "
-                "lease holds",
-                self.settings.run_id,
-                result.round,
-                error,
-            )
-            pause = min(self.settings.keep_alive_interval, self.settings.attempt_timeout)
-            await self._clock.sleep_until(self._clock.now() + pause)
+        if self._lease.lapsed(self._clock.now()):
+            return False
+        logger.warning(
+            "rendezvous %r: watching round %d failed (%s); watching again while the lease holds",
+            self.settings.run_id,
+            result.round,
+            error,
+        )
+        pause = min(self.settings.keep_alive_interval, self.settings.attempt_timeout)
+        await self._clock.sleep_until(self._clock.now() + pause)
+        return True
 
     async def _watch_inbox(self, result: layout.RoundResult) -> None:
         """Return once the next round's keys say this round is over (and say so)."""
-        assert self._store is not None
+        store = self._store
+        assert store is not None
         prefix = layout.round_prefix(result.round + 1)
-        await self._store.wait([layout.count_key(result.round + 1)], timeout=math.inf)
-        snapshot = await self._store.get_prefix(prefix)
-        while (verdict := m.assess_inbox(result.members, result.round, snapshot.items)) is None:
-            await self._store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
-            snapshot = await self._store.get_prefix(prefix)
+        while True:
+            try:
+                await store.wait([layout.count_key(result.round + 1)], timeout=math.inf)
+                snapshot = await store.get_prefix(prefix)
+                members, round_ = result.members, result.round
+                while (verdict := m.assess_inbox(members, round_, snapshot.items)) is None:
+                    await store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
+                    snapshot = await store.get_prefix(prefix)
+                break
+            except StoreError as error:
+                if not await self._watch_again(result, error):
+                    return
         self._invalidate(verdict)
         if self._stop_successor is not None:  # the inbox decides: the round is over
             self._stop_successor()
@@ -714,29 +712,38 @@ class ElasticRendezvousHandler(RendezvousHandler):
         seen no renewal of it for ``heartbeat_timeout`` (by its own clock) and a fresh read
         confirms none came: a store may keep the key longer than its TTL (etcd may refresh
         leases when a new leader is promoted)."""
-        assert self._store is not None
+        store = self._store
+        assert store is not None
         successor = m.ring_successor(result.members, self._node)
         assert successor is not None
-        store, timeout = self._store, self.settings.heartbeat_timeout
+        timeout = self.settings.heartbeat_timeout
         prefix, key = layout.alive_prefix(successor), layout.alive_key(successor)
-        snapshot = await store.get_prefix(prefix)
-        seen = self._clock.now()
-        while key in snapshot.items:
-            changed = False
-            with self._clock.move_on_at(seen + timeout):
-                await store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
-                changed = True
-            if not changed:
-                try:
-                    await store.wait_for_change(prefix, after=snapshot.revision, timeout=0)
-                except StoreTimeoutError:
-                    break
-            seen = self._clock.now()
-            snapshot = await store.get_prefix(prefix)
-        # Told first: once the report is in, the inbox watch may end the round and stop this
-        # watch before the report's own calls return.
-        self._emit(NodeLost(self.settings.run_id, result.round, successor))
-        await self._report_lost(result.round + 1, successor, "heartbeat expired")
+        while True:
+            try:
+                snapshot = await store.get_prefix(prefix)
+                seen = self._clock.now()
+                while key in snapshot.items:
+                    changed = False
+                    with move_on_at(self._clock, seen + timeout):
+                        await store.wait_for_change(
+                            prefix, after=snapshot.revision, timeout=math.inf
+                        )
+                        changed = True
+                    if not changed:
+                        try:
+                            await store.wait_for_change(prefix, after=snapshot.revision, timeout=0)
+                        except StoreTimeoutError:
+                            break
+                    seen = self._clock.now()
+                    snapshot = await store.get_prefix(prefix)
+                # Told first: once the report is in, the inbox watch may end the round and stop
+                # this watch before the report's own calls return.
+                self._emit(NodeLost(self.settings.run_id, result.round, successor))
+                await self._report_lost(result.round + 1, successor, "heartbeat expired")
+                return
+            except StoreError as error:
+                if not await self._watch_again(result, error):
+                    return
 
     async def _report_lost(self, inbox: int, node: int, why: str) -> None:
         """Report ``node`` gone in the inbox round ``inbox`` and ring its doorbell."""

@@ -60,8 +60,8 @@ async def advance(clock: ManualClock, seconds: float, step: float = 1.0) -> None
 
 def hang(handler: ElasticRendezvousHandler) -> None:
     """Fault injection: the node hangs (no more keep-alives, no more watching its round)."""
-    assert handler._keep_alive_scope is not None
-    handler._keep_alive_scope.cancel()
+    assert handler._stop_keep_alive is not None
+    handler._stop_keep_alive()
     for stop in (handler._stop_inbox, handler._stop_successor):
         if stop is not None:
             stop()
