@@ -15,7 +15,9 @@ walk. A clock that only offers :meth:`Clock.move_on_at` keeps working: the helpe
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -62,7 +64,7 @@ class TimerClock(Clock, Protocol):
     def call_at(self, deadline: float, callback: Callable[[*Ts], object], *args: *Ts) -> Timer:
         """Call ``callback(*args)`` once ``now() >= deadline``, unless the timer is cancelled
         first. A deadline already reached calls back soon, from the loop (never from within
-        ``call_at``). The callback must not raise."""
+        ``call_at``). The callback must not raise, nor rely on context variables."""
         ...
 
 
@@ -148,6 +150,23 @@ class TaskDeadline:
         return self._caught
 
 
+_timer_contexts = threading.local()
+
+
+def timer_context() -> contextvars.Context:
+    """The empty context this thread's clock timers run their callbacks in.
+
+    asyncio copies the caller's context for each timer: one tracked object more a waiting
+    call. A timer's callback here only wakes or cancels what waits, so it needs none, and
+    one context a thread is never entered twice at once (a loop runs one callback at a time).
+    """
+    try:
+        context: contextvars.Context = _timer_contexts.context
+    except AttributeError:
+        context = _timer_contexts.context = contextvars.Context()
+    return context
+
+
 class MonotonicClock:
     """The running event loop's monotonic clock (``anyio.current_time``)."""
 
@@ -162,8 +181,11 @@ class MonotonicClock:
         return anyio.CancelScope(deadline=deadline)  # the loop's own deadline: no task
 
     def call_at(self, deadline: float, callback: Callable[[*Ts], object], *args: *Ts) -> Timer:
-        """The running asyncio loop's own timer (:meth:`asyncio.loop.call_at`)."""
-        return asyncio.get_running_loop().call_at(deadline, callback, *args)
+        """The running asyncio loop's own timer (:meth:`asyncio.loop.call_at`), its callback
+        run in an empty context (see :func:`timer_context`)."""
+        return asyncio.get_running_loop().call_at(
+            deadline, callback, *args, context=timer_context()
+        )
 
     def __repr__(self) -> str:
         return "MonotonicClock()"

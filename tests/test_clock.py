@@ -4,6 +4,7 @@ move_on_at deadline every shell stops waiting with."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 import anyio
@@ -11,11 +12,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioelastic._clock import Clock, MonotonicClock, TimerClock, move_on_at, timer_clock
+from aioelastic._clock import (
+    Clock,
+    MonotonicClock,
+    TimerClock,
+    move_on_at,
+    timer_clock,
+    timer_context,
+)
 from aioelastic.testing import ManualClock
 from tests.clocks import RecordingClock, ScopeOnlyClock
 
 pytestmark = pytest.mark.anyio
+
+VARIABLE: contextvars.ContextVar[str] = contextvars.ContextVar("VARIABLE")
 
 
 async def test_sleeper_wakes_only_when_time_reaches_its_deadline() -> None:
@@ -257,6 +267,34 @@ async def test_monotonic_timers_run_from_the_loop(asyncio_only: None) -> None:
     with anyio.fail_after(10):  # generous: the loop's next turn
         await ran.wait()
     assert cancelled == []
+
+
+async def test_monotonic_timers_run_in_an_empty_context_of_their_thread(
+    asyncio_only: None,
+) -> None:
+    """A timer's callback sees none of its caller's context variables (it needs none: it wakes
+    or cancels what waits), and each thread has a context of its own for them, so loops in
+    two threads never enter the same one at once."""
+    clock = MonotonicClock()
+    seen: list[object] = []
+    ran = anyio.Event()
+    token = VARIABLE.set("caller's")
+    try:
+        clock.call_at(clock.now(), lambda: (seen.append(VARIABLE.get("unset")), ran.set()))
+    finally:
+        VARIABLE.reset(token)
+    with anyio.fail_after(10):  # generous: the loop's next turn
+        await ran.wait()
+
+    def in_another_thread() -> contextvars.Context:
+        async def main() -> contextvars.Context:
+            await asyncio.sleep(0)
+            return timer_context()
+
+        return asyncio.run(main())
+
+    assert seen == ["unset"]
+    assert await anyio.to_thread.run_sync(in_another_thread) is not timer_context()
 
 
 # -- move_on_at -----------------------------------------------------------------------------
