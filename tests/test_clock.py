@@ -61,14 +61,18 @@ def test_clock_refuses_to_go_backwards() -> None:
         ManualClock().advance(-1)
 
 
-async def test_scope_is_cancelled_only_when_time_reaches_its_deadline() -> None:
-    """A move_on_at(5) block survives advancing to t=4 and is cancelled at t=5."""
-    clock = ManualClock()
+@pytest.mark.parametrize("helper", [False, True], ids=["clock-scope", "move_on_at"])
+async def test_scope_is_cancelled_only_when_time_reaches_its_deadline(
+    manual: ManualLike, helper: bool
+) -> None:
+    """A block with a deadline of 5 (the clock's own scope, or move_on_at's timer) survives
+    advancing to t=4 and is cancelled at t=5; its cancellation stops at the deadline, which
+    says it ended the block, and no waiter is left on the clock."""
     entered = anyio.Event()
     outcome: list[bool] = []
 
     async def waiter() -> None:
-        with clock.move_on_at(5.0) as scope:
+        with move_on_at(manual, 5.0) if helper else manual.move_on_at(5.0) as scope:
             entered.set()
             await anyio.sleep_forever()
         outcome.append(scope.cancelled_caught)
@@ -76,11 +80,12 @@ async def test_scope_is_cancelled_only_when_time_reaches_its_deadline() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
         await entered.wait()
-        clock.advance(4.0)
+        manual.advance(4.0)
         await anyio.wait_all_tasks_blocked()
         assert outcome == []
-        clock.advance(1.0)
+        manual.advance(1.0)
     assert outcome == [True]
+    assert manual.sleepers == 0
 
 
 async def test_scope_at_a_past_deadline_cancels_at_once() -> None:
@@ -298,30 +303,6 @@ async def test_monotonic_timers_run_in_an_empty_context_of_their_thread(
 
 
 # -- move_on_at -----------------------------------------------------------------------------
-
-
-async def test_move_on_at_ends_the_block_at_its_deadline(manual: ManualLike) -> None:
-    """The block waits until the clock reaches the deadline; then its cancellation stops at
-    the deadline, which says it ended the block, and no waiter is left on the clock."""
-    reached: list[bool] = []
-    after: list[str] = []
-
-    async def waiter() -> None:
-        with move_on_at(manual, 5.0) as scope:
-            await anyio.sleep_forever()
-            after.append("not reached")  # pragma: no cover
-        reached.append(scope.cancelled_caught)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(waiter)
-        await anyio.wait_all_tasks_blocked()
-        manual.advance(4.0)
-        await anyio.wait_all_tasks_blocked()
-        assert reached == []
-        manual.advance(1.0)
-    assert reached == [True]
-    assert after == []
-    assert manual.sleepers == 0
 
 
 async def test_move_on_at_left_before_its_deadline_cancels_nothing(manual: ManualLike) -> None:
