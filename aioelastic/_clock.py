@@ -7,7 +7,7 @@ a deadline opens :func:`move_on_at` on its clock, never an alarm task of its own
 
 A clock may also set timers (:class:`TimerClock`: both clocks here do). On asyncio a deadline is
 then one timer, where an anyio cancel scope is several objects (the scope, two sets, its timer
-and the timer's bound method): where thousands of simulated nodes share a process, each object
+with its context and bound method): where thousands of simulated nodes share a process, each object
 a waiting call holds is one more for every full collection of the cyclic garbage collector to
 walk. A clock that only offers :meth:`Clock.move_on_at` keeps working: the helpers fall back to it.
 """
@@ -84,7 +84,9 @@ def move_on_at(clock: Clock, deadline: float) -> AbstractContextManager[Deadline
     """Stop the block once ``clock`` reaches ``deadline``: :meth:`Clock.move_on_at`'s meaning.
 
     The block's cancellation stops here, ``cancelled_caught`` says whether the deadline ended
-    the block, and a cancellation from outside is never swallowed. On asyncio with a
+    the block, and a cancellation from outside is never swallowed (an anyio scope's that comes
+    in the deadline's own turn reaches the task at its next checkpoint, as anyio delivers
+    every cancellation, rather than through the block). On asyncio with a
     :class:`TimerClock` it is one timer that cancels the task, as :func:`asyncio.timeout` does
     (see :class:`TaskDeadline`); elsewhere it is the clock's own scope. For blocks that wait
     (an event, a store call), not for ones that shield work inside them.
