@@ -718,6 +718,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         assert successor is not None
         timeout = self.settings.heartbeat_timeout
         prefix, key = layout.alive_prefix(successor), layout.alive_key(successor)
+        told = False
         while True:
             try:
                 snapshot = await store.get_prefix(prefix)
@@ -736,9 +737,12 @@ class ElasticRendezvousHandler(RendezvousHandler):
                             break
                     seen = self._clock.now()
                     snapshot = await store.get_prefix(prefix)
-                # Told first: once the report is in, the inbox watch may end the round and stop
-                # this watch before the report's own calls return.
-                self._emit(NodeLost(self.settings.run_id, result.round, successor))
+                # Told first (once, though a failed report is tried again): once the report is
+                # in, the inbox watch may end the round and stop this watch before the report's
+                # own calls return.
+                if not told:
+                    self._emit(NodeLost(self.settings.run_id, result.round, successor))
+                    told = True
                 await self._report_lost(result.round + 1, successor, "heartbeat expired")
                 return
             except StoreError as error:

@@ -313,6 +313,41 @@ async def test_the_watcher_reports_its_lost_successor_even_if_the_round_ends_mea
     assert NodeLost("job", 1, victim.node_id) in events
 
 
+async def test_a_failed_loss_report_is_tried_again_and_the_loss_told_once(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    """The watcher's report of its lost successor fails (cut off mid-report): it writes the
+    report again once the store is back, and NodeLost is emitted once, not once a try."""
+    settings = ElasticSettings(
+        "job", 2, 3, last_call_timeout=10, keep_alive_interval=5, heartbeat_timeout=15
+    )
+    views = [FaultyStore(store, name=f"node{index}") for index in range(3)]
+    handlers = [
+        ElasticRendezvousHandler(view, settings, backend="memory", clock=clock) for view in views
+    ]
+    events: list[RendezvousEvent] = []
+    async with cluster(handlers) as tg:
+        joiners = start(tg, handlers)
+        ranks = {
+            info.rank: j.handler for j, info in zip(joiners, await finished(joiners), strict=True)
+        }
+        watcher, victim = ranks[0], ranks[1]
+        watcher.subscribe(events.append)
+        view = views[handlers.index(watcher)]
+        stall = view.stall("add")
+        hang(victim)
+        await advance(clock, 16)
+        await stall.wait_held()
+        view.partition()  # the held add fails
+        await anyio.wait_all_tasks_blocked()
+        view.heal()
+        stall.release()
+        await advance(clock, 5)  # the watch's pause before it tries again
+        verdict = await watcher.wait_round_invalidated()
+    assert verdict.reason is InvalidationReason.PARTICIPANT_LOST
+    assert events.count(NodeLost("job", 1, victim.node_id)) == 1
+
+
 async def test_serve_runs_the_handler_in_the_callers_task_group(
     make_handler: MakeHandler,
 ) -> None:
