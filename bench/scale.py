@@ -512,14 +512,16 @@ def print_points(points: Sequence[Point]) -> None:
 
 def growth(points: Sequence[Point]) -> None:
     """Cost ratio for each step in N, per backend: wall, and this process's CPU without GC."""
-    print("\ngrowth from one size to the next (linear: the cost grows as N does)")
+    print("\ngrowth from one size to the next and over each 10x in N (linear: as N grows)")
 
     def ratio(x: float, y: float) -> str:
         return f"x{y / x:.1f}" if x > 0 else "-"
 
     for backend in SIZES:
         mine = [p for p in points if p.backend == backend]
-        for a, b in itertools.pairwise(mine):
+        tenfold = [(a, b) for a in mine for b in mine if b.nodes == 10 * a.nodes]
+        steps = list(itertools.pairwise(mine))  # and issue 18's measure: each 10x in N
+        for a, b in steps + [pair for pair in tenfold if pair not in steps]:
             fa, fb = a.formation, b.formation
             print(
                 f"{backend:<8}{a.nodes:>6} -> {b.nodes:<6} N x{b.nodes / a.nodes:<5.1f} "
