@@ -282,25 +282,41 @@ async def test_events_and_statistics_tell_the_story_of_a_round(
     assert watcher.statistics().invalidated == verdict
 
 
+def faulty_nodes(
+    store: MemoryStore, clock: ManualClock, count: int, max_nodes: int
+) -> tuple[list[FaultyStore], list[ElasticRendezvousHandler]]:
+    """``count`` handlers of run ``job``, each seeing ``store`` through a FaultyStore of its own."""
+    settings = ElasticSettings(
+        "job", 2, max_nodes, last_call_timeout=10, keep_alive_interval=5, heartbeat_timeout=15
+    )
+    views = [FaultyStore(store, name=f"node{index}") for index in range(count)]
+    handlers = [
+        ElasticRendezvousHandler(view, settings, backend="memory", clock=clock) for view in views
+    ]
+    return views, handlers
+
+
+async def watcher_and_victim(
+    joiners: list[Joiner],
+) -> tuple[ElasticRendezvousHandler, ElasticRendezvousHandler]:
+    """Once the round formed: rank 0, which watches rank 1's liveness, and rank 1."""
+    infos = await finished(joiners)
+    ranks = {info.rank: j.handler for j, info in zip(joiners, infos, strict=True)}
+    return ranks[0], ranks[1]
+
+
 async def test_the_watcher_reports_its_lost_successor_even_if_the_round_ends_meanwhile(
     store: MemoryStore, clock: ManualClock
 ) -> None:
     """The node that finds its ring successor gone emits NodeLost even when the round ends
     for another reason while it is still writing its report (a late node joined): the agent's
     in-place recovery learns the loss from that event, not from the next round."""
-    settings = ElasticSettings(
-        "job", 2, 4, last_call_timeout=10, keep_alive_interval=5, heartbeat_timeout=15
-    )
-    views = [FaultyStore(store, name=f"node{index}") for index in range(4)]
-    handlers = [
-        ElasticRendezvousHandler(view, settings, backend="memory", clock=clock) for view in views
-    ]
+    views, handlers = faulty_nodes(store, clock, 4, max_nodes=4)
     events: list[RendezvousEvent] = []
     async with cluster(handlers) as tg:
         first = start(tg, handlers[:3])
         await advance(clock, 10)  # the last call
-        ranks = {info.rank: j.handler for j, info in zip(first, await finished(first), strict=True)}
-        watcher, victim = ranks[0], ranks[1]  # rank 0 watches rank 1's liveness
+        watcher, victim = await watcher_and_victim(first)
         watcher.subscribe(events.append)
         stall = views[handlers.index(watcher)].stall("add")  # its report's doorbell
         hang(victim)
@@ -318,20 +334,10 @@ async def test_a_failed_loss_report_is_tried_again_and_the_loss_told_once(
 ) -> None:
     """The watcher's report of its lost successor fails (cut off mid-report): it writes the
     report again once the store is back, and NodeLost is emitted once, not once a try."""
-    settings = ElasticSettings(
-        "job", 2, 3, last_call_timeout=10, keep_alive_interval=5, heartbeat_timeout=15
-    )
-    views = [FaultyStore(store, name=f"node{index}") for index in range(3)]
-    handlers = [
-        ElasticRendezvousHandler(view, settings, backend="memory", clock=clock) for view in views
-    ]
+    views, handlers = faulty_nodes(store, clock, 3, max_nodes=3)
     events: list[RendezvousEvent] = []
     async with cluster(handlers) as tg:
-        joiners = start(tg, handlers)
-        ranks = {
-            info.rank: j.handler for j, info in zip(joiners, await finished(joiners), strict=True)
-        }
-        watcher, victim = ranks[0], ranks[1]
+        watcher, victim = await watcher_and_victim(start(tg, handlers))
         watcher.subscribe(events.append)
         view = views[handlers.index(watcher)]
         stall = view.stall("add")
