@@ -7,7 +7,9 @@ can still reach the store (the side with the c10d store, or with the etcd majori
 which are cut off; it waits for every cut-off host's worker to end (fenced), for the reaching
 side to re-form (when it has ``min_nodes``), heals, and waits for all hosts to be in one
 world again. The workers' own records (``tests/network/_job.py``) show every moment two live
-workers of different rounds held one rank; there must be none, and no wait may run out.
+workers of different rounds held one rank; there must be none, and no wait may run out. A
+wait that runs out is counted as a hang and the run goes on: ``hang-<step>.txt`` in the kept
+work directory holds the live workers, the agents' consoles and their Python stacks.
 
 With ``--recovery in-place`` (the ``in-place`` runs), the workers report each generation they
 are in, and the summary also says how often the re-formed side's workers were the very
@@ -32,7 +34,7 @@ import pytest
 
 from aioelastic.testing import Host, Network, unavailable_reason
 from stress.conftest import Figures
-from tests.network._job import Collector, Job
+from tests.network._job import Collector, Job, NotWithin
 from tests.network.test_inplace_partitions import IN_PLACE_WORKER
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(3600)]
@@ -153,9 +155,11 @@ async def test_random_partitions_never_split_the_brain(
                         lambda: collector.world(hosts), within=HANG_BOUND
                     )
                     rejoined.append(min(w.started for w in world) - healed)
-                except TimeoutError:
+                except NotWithin as hang:
                     hangs += 1
-                    (workdir / f"hang-{step}.txt").write_text(job.consoles())
+                    what = f"{kind} of {[h.addr for h in side]}: {str(hang).splitlines()[0]}"
+                    report = await job.hang_report()
+                    (workdir / f"hang-{step}.txt").write_text(f"step {step}: {what}\n{report}")
                     await net.heal()
                     await collector.wait_for(lambda: collector.world(hosts), within=120)
                 print(

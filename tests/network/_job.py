@@ -28,6 +28,7 @@ import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from aioelastic.agent._forensics import find_py_spy
 from aioelastic.testing import HOW_TO_GET_ETCD, Host, Network, find_etcd_binary
 
 WITHIN = 60.0
@@ -51,6 +52,10 @@ while True:
         sys.exit(0)
 """
 """A worker: reports itself, then beats every ``$BEAT`` s (or just waits) until killed."""
+
+
+class NotWithin(AssertionError):
+    """A wait of :meth:`Collector.wait_for` ran out (a test failure, unless caught)."""
 
 
 @dataclass
@@ -139,7 +144,7 @@ class Collector:
             while not (outcome := condition()):
                 await self._changed.wait()
             return outcome
-        raise AssertionError(f"not so within {within:g} s; live: {self.live}\n{self.describe()}")
+        raise NotWithin(f"not so within {within:g} s; live: {self.live}\n{self.describe()}")
 
     def world(self, hosts: Iterable[Host], *, size: int | None = None) -> list[Worker] | None:
         """The live workers, if exactly ``hosts`` run one world of one round (else None)."""
@@ -302,3 +307,29 @@ class Job:
     def consoles(self) -> str:
         """Every agent's console, for a failure message."""
         return "\n".join(f"--- {a.host.addr}\n{a.console}" for a in self.agents)
+
+    async def hang_report(self) -> str:
+        """For a wait that ran out: the live workers, every agent's console and the Python
+        stacks of the agents still running (py-spy, as the agent's own forensics finds it),
+        so that a hang seen once can be read afterwards."""
+        live = "\n".join(
+            f"{w.host} pid {w.pid} round {w.round} rank {w.rank} of {w.world_size}"
+            for w in self.collector.live
+        )
+        parts = [f"--- live workers\n{live}", self.consoles()]
+        py_spy = find_py_spy("auto")
+        for agent in self.agents:
+            if agent.process.returncode is not None:
+                continue
+            if py_spy is None:
+                parts.append(f"--- stacks of {agent.host.addr}: no py-spy to take them")
+                continue
+            with anyio.move_on_after(30):
+                done = await anyio.run_process(
+                    [py_spy, "dump", "--pid", str(agent.process.pid)], check=False
+                )
+                parts.append(
+                    f"--- stacks of {agent.host.addr} (pid {agent.process.pid})\n"
+                    + (done.stdout or done.stderr).decode(errors="replace")
+                )
+        return "\n".join(parts)
