@@ -96,81 +96,84 @@ async def test_random_partitions_never_split_the_brain(
         async with Network(size) as net, anyio.create_task_group() as tg:
             await tg.start(collector.serve)
             job = Job(net, workdir, collector)
-            hosts = net.hosts
-            endpoint = await job.endpoint(backend, hosts if backend == "c10d" else hosts[:3])
-            script = None
-            if recovery == "in-place":
-                script = workdir / "inplace_worker.py"
-                script.write_text(IN_PLACE_WORKER)
-            await job.start(
-                tg,
-                hosts,
-                backend=backend,
-                endpoint=endpoint,
-                conf=CONF,
-                nnodes=f"2:{size}",
-                options=("--recovery", recovery),
-                script=script,
-            )
-            await collector.wait_for(lambda: collector.world(hosts), within=120)
-            for step in range(PARTITIONS):
-                kind = rng.choice(["cut", "one-way", "minority"])
-                if kind == "minority":
-                    side = rng.sample(hosts, rng.randint(1, (size - 1) // 2))
-                else:
-                    side = [rng.choice(hosts)]
-                reach = reaching(backend, hosts, side, kind)
-                cut_off = [h for h in hosts if h not in reach]
-                kinds.append(kind)
-                stale = [w for w in collector.live if w.host in {h.addr for h in cut_off}]
-                before = {w.pid for w in collector.live}
-                at = time.time()
-                if kind == "cut":
-                    await net.cut(side[0])
-                elif kind == "one-way":
-                    for other in hosts:
-                        if other is not side[0]:
-                            await net.cut_one_way(side[0], other)
-                else:
-                    await net.partition(side)
-                try:
-                    await collector.wait_for(
-                        lambda stale=stale: all(w.ended is not None for w in stale),
-                        within=HANG_BOUND,
-                    )
-                    fenced += [w.ended - at for w in stale if w.ended is not None]
-                    if len(reach) >= 2:
-                        world = await collector.wait_for(
-                            lambda reach=reach: collector.world(reach), within=HANG_BOUND
-                        )
-                        reformed.append(min(w.started for w in world) - at)
-                        reforms += 1
-                        if {w.pid for w in world} <= before:
-                            kept += 1
-                        elif recovery == "in-place":  # keep what the agents said, to see why
-                            (workdir / f"restarted-{step}.txt").write_text(job.consoles())
-                    healed = time.time()
-                    await net.heal()
-                    world = await collector.wait_for(
-                        lambda: collector.world(hosts), within=HANG_BOUND
-                    )
-                    rejoined.append(min(w.started for w in world) - healed)
-                except NotWithin as hang:
-                    hangs += 1
-                    what = f"{kind} of {[h.addr for h in side]}: {str(hang).splitlines()[0]}"
-                    report = await job.hang_report()
-                    (workdir / f"hang-{step}.txt").write_text(f"step {step}: {what}\n{report}")
-                    await net.heal()
-                    await collector.wait_for(lambda: collector.world(hosts), within=120)
-                print(
-                    f"step {step}: {kind} of {[h.addr for h in side]}, cut off "
-                    f"{[h.addr for h in cut_off]}; split brains so far "
-                    f"{len(collector.split_brains)}",
-                    file=log,
-                    flush=True,
+            try:
+                hosts = net.hosts
+                endpoint = await job.endpoint(backend, hosts if backend == "c10d" else hosts[:3])
+                script = None
+                if recovery == "in-place":
+                    script = workdir / "inplace_worker.py"
+                    script.write_text(IN_PLACE_WORKER)
+                await job.start(
+                    tg,
+                    hosts,
+                    backend=backend,
+                    endpoint=endpoint,
+                    conf=CONF,
+                    nnodes=f"2:{size}",
+                    options=("--recovery", recovery),
+                    script=script,
                 )
-            await job.stop()
-            tg.cancel_scope.cancel()
+                await collector.wait_for(lambda: collector.world(hosts), within=120)
+                for step in range(PARTITIONS):
+                    kind = rng.choice(["cut", "one-way", "minority"])
+                    if kind == "minority":
+                        side = rng.sample(hosts, rng.randint(1, (size - 1) // 2))
+                    else:
+                        side = [rng.choice(hosts)]
+                    reach = reaching(backend, hosts, side, kind)
+                    cut_off = [h for h in hosts if h not in reach]
+                    kinds.append(kind)
+                    stale = [w for w in collector.live if w.host in {h.addr for h in cut_off}]
+                    before = {w.pid for w in collector.live}
+                    at = time.time()
+                    if kind == "cut":
+                        await net.cut(side[0])
+                    elif kind == "one-way":
+                        for other in hosts:
+                            if other is not side[0]:
+                                await net.cut_one_way(side[0], other)
+                    else:
+                        await net.partition(side)
+                    try:
+                        await collector.wait_for(
+                            lambda stale=stale: all(w.ended is not None for w in stale),
+                            within=HANG_BOUND,
+                        )
+                        fenced += [w.ended - at for w in stale if w.ended is not None]
+                        if len(reach) >= 2:
+                            world = await collector.wait_for(
+                                lambda reach=reach: collector.world(reach), within=HANG_BOUND
+                            )
+                            reformed.append(min(w.started for w in world) - at)
+                            reforms += 1
+                            if {w.pid for w in world} <= before:
+                                kept += 1
+                            elif recovery == "in-place":  # keep what the agents said, to see why
+                                (workdir / f"restarted-{step}.txt").write_text(job.consoles())
+                        healed = time.time()
+                        await net.heal()
+                        world = await collector.wait_for(
+                            lambda: collector.world(hosts), within=HANG_BOUND
+                        )
+                        rejoined.append(min(w.started for w in world) - healed)
+                    except NotWithin as hang:
+                        hangs += 1
+                        what = f"{kind} of {[h.addr for h in side]}: {str(hang).splitlines()[0]}"
+                        report = await job.hang_report()
+                        (workdir / f"hang-{step}.txt").write_text(f"step {step}: {what}\n{report}")
+                        await net.heal()
+                        await collector.wait_for(lambda: collector.world(hosts), within=120)
+                    print(
+                        f"step {step}: {kind} of {[h.addr for h in side]}, cut off "
+                        f"{[h.addr for h in cut_off]}; split brains so far "
+                        f"{len(collector.split_brains)}",
+                        file=log,
+                        flush=True,
+                    )
+            finally:  # a failed wait leaves no agent behind for the next test
+                with anyio.CancelScope(shield=True):
+                    await job.stop()
+                tg.cancel_scope.cancel()
     finally:
         log.close()
     figures["hosts"] = size
