@@ -387,6 +387,15 @@ class GenerationFormed:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeOut:
+    """The job took ``node`` for lost while its agent may still run (it missed a round, or a
+    heartbeat): that agent stops its workers, whose places are given away, and joins again."""
+
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class FallBack:
     """In-place recovery gave up; the shell restarts the group as without it."""
 
@@ -407,6 +416,7 @@ Command = (
     | Stop
     | GenerationAssigned
     | GenerationFormed
+    | NodeOut
     | FallBack
     | Finish
 )
@@ -625,7 +635,7 @@ class GenerationMachine:
             case Exited():
                 return self._exited(self._known(event, event.worker), event.returncode, now)
             case NodeLost():
-                return self._node_lost(event.node, now, "left" if event.left else "was lost")
+                return self._node_lost(event.node, now, left=event.left)
             case NodeJoined():
                 return self._node_joined(event, now)
             case Tick():
@@ -839,21 +849,25 @@ class GenerationMachine:
             return [evict, *self._fall_back(f"{why}: {self.failures} failures in place (a storm)")]
         return [evict, *self._member_gone(now, why)]
 
-    def _node_lost(self, node: int, now: float, how: str = "was lost") -> list[Command]:
+    def _node_lost(self, node: int, now: float, *, left: bool = False) -> list[Command]:
         state = self._nodes.pop(node, None)
         if state is None:
             return []  # a node never in the job (a joining agent says so before it joins)
         for worker in self._workers.values():
             if worker.key.node == node and worker.state not in (WorkerState.DONE, WorkerState.GONE):
                 worker.state = WorkerState.GONE
+        how = "left" if left else "was lost"
+        # Its agent may live on (lost for a round it missed): its workers' places are given
+        # away, so it stops them. One that left said so itself, and is stopping already.
+        out: list[Command] = [] if left else [NodeOut(node, f"node {node} {how}")]
         if self.phase is Phase.WAITING:
-            return self._fall_back(f"node {node} was lost before generation 1 was assigned")
+            return out + self._fall_back(f"node {node} was lost before generation 1 was assigned")
         generation = self.generation
         if generation is None or all(k.node != node for k in generation.members):
-            return []  # a joining node that was never admitted
+            return out  # a joining node that was never admitted
         if self._finishing():
-            return self._fall_back(f"node {node} was lost after other ranks had finished")
-        return self._member_gone(now, f"node {node} {how}")
+            return out + self._fall_back(f"node {node} was lost after other ranks had finished")
+        return out + self._member_gone(now, f"node {node} {how}")
 
     def _node_joined(self, event: NodeJoined, now: float) -> list[Command]:
         if event.node in self._nodes:

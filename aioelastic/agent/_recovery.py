@@ -479,6 +479,11 @@ class InPlaceGroup(WorkerGroup):
                             command.since_failure,
                         )
                     )
+                case g.NodeOut():  # no failure of its workers: it costs no restart
+                    return Outcome.MEMBERSHIP, (
+                        f"the job took this node for lost ({command.reason}); its workers stop "
+                        "and it joins again"
+                    )
                 case g.FallBack():
                     self._emit(RecoveryFellBack(command.reason))
                     return Outcome.FAILED, f"in-place recovery fell back: {command.reason}"
@@ -490,6 +495,8 @@ class InPlaceGroup(WorkerGroup):
         """Whether this node acts on ``command`` (each node starts and tells only its own)."""
         if isinstance(command, g.Spawn | g.Assign | g.Stop | g.Evict | g.OwnError):
             return command.worker.node == self.node
+        if isinstance(command, g.NodeOut):
+            return command.node == self.node
         return True
 
     def _ask_abort(self, key: g.WorkerKey, generation: int) -> None:

@@ -45,6 +45,7 @@ from aioelastic.agent._generations import (
     LogEntry,
     NodeJoined,
     NodeLost,
+    NodeOut,
     NodeSpec,
     OwnError,
     Phase,
@@ -157,6 +158,12 @@ class WorldSimulation:
             self.exited[key] = -9
         self.specs.pop(node, None)
         self._send(NodeLost(node, left=left))
+
+    def take_for_lost(self, node: int) -> None:
+        """``node``'s agent lives on, but the job took it for lost (it missed a round): its
+        workers still run until the machine tells their agent to stop them."""
+        self.specs.pop(node, None)
+        self._send(NodeLost(node))
 
     def join_node(self, node: int, spec: NodeSpec) -> None:
         """A new node's agent joins the job (replicated: it replays the log first)."""
@@ -320,6 +327,12 @@ class WorldSimulation:
                     worker.own_error.add(command.generation)
                 case Stop():
                     pass
+                case NodeOut():  # its agent stops its workers: their places are given away
+                    if command.node in self.specs:
+                        raise ProtocolViolation(f"{command} names a node the job holds")
+                    for key in [k for k in self.running if k.node == command.node]:
+                        del self.running[key]
+                        self.exited[key] = -9
                 case FallBack():
                     self.fallback = command.reason
                 case Finish():
@@ -381,6 +394,9 @@ class WorldSimulation:
                     raise ProtocolViolation(
                         f"{key} is in generation {generation.number} but not running"
                     )
+        for key in self.running:
+            if key.node not in self.specs:
+                raise ProtocolViolation(f"{key} runs on node {key.node}, which left the job")
         for node, spec in self.specs.items():
             spares = [
                 k

@@ -25,6 +25,7 @@ from aioelastic.agent._generations import (
     LogEntry,
     NodeJoined,
     NodeLost,
+    NodeOut,
     NodeSpec,
     OwnError,
     Phase,
@@ -260,6 +261,21 @@ def test_a_node_that_says_it_leaves_is_gone_at_once_with_that_reason() -> None:
     assert (generation.number, generation.world_size, generation.reason) == (2, 2, "node 2 left")
     ends = [c for c in sim.commands if isinstance(c, EndWorld)]
     assert ends[-1].abort
+    assert not any(isinstance(c, NodeOut) for c in sim.commands)  # it is stopping already
+
+
+def test_a_node_taken_for_lost_while_it_runs_stops_its_workers_and_the_others_go_on() -> None:
+    """Node 1 missed a round, its agent alive: every replica tells that agent to stop its
+    workers (their places are given away), and the others make their world without it."""
+    sim = formed({0: NodeSpec(1), 1: NodeSpec(2, spares=1), 2: NodeSpec(1)}, replicas=3)
+    sim.take_for_lost(1)
+    assert NodeOut(1, "node 1 was lost") in sim.commands
+    assert [k for k in sim.running if k.node == 1] == []
+    sim.enter_all()
+    generation = sim.machine.generation
+    assert generation is not None
+    assert (generation.number, generation.world_size) == (2, 2)
+    assert {k.node for k in generation.members} == {0, 2}
 
 
 @pytest.mark.parametrize("replicas", [1, 3])
@@ -419,6 +435,11 @@ class RandomWorld(RuleBasedStateMachine):
     @rule(data=st.data())
     def agent_dies(self, data: st.DataObject) -> None:
         self.sim.lose_node(data.draw(st.sampled_from(sorted(self.sim.specs))))
+
+    @precondition(lambda self: self.live() and self.sim.specs)
+    @rule(data=st.data())
+    def node_taken_for_lost(self, data: st.DataObject) -> None:
+        self.sim.take_for_lost(data.draw(st.sampled_from(sorted(self.sim.specs))))
 
     @precondition(lambda self: self.live() and self.next_node < 5)
     @rule(size=st.integers(1, 2), spares=st.integers(0, 1))
