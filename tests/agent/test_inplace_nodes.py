@@ -20,10 +20,18 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic._cli_status import fetch_status
-from aioelastic.agent._generations import Begin, NodeSpec
+from aioelastic._cli_status import fetch_status, open_store
+from aioelastic.agent._generations import (
+    Begin,
+    LogEntry,
+    NodeLost,
+    NodeSpec,
+    decode_entry,
+    encode_entry,
+)
 from aioelastic.agent._recovery import NodeRecord, plan_epoch
 from aioelastic.rendezvous._status import GenerationStatus
+from aioelastic.store import PrefixStore
 from tests.agent.conftest import BOUND, Launched, free_port, launched, wait_gone
 from tests.agent.test_inplace import TORCH_WORKER, check_every_sum, members
 
@@ -190,6 +198,61 @@ async def test_a_node_stopped_by_sigterm_leaves_the_world_at_once(
     for run in (a, b):
         assert re.search(r"generation \d+: world size 2 \(node \d+ left\)", run.err.text), run
         assert "was lost" not in run.err.text
+        assert "restarting" not in run.err.text
+
+
+async def log_the_loss_of_a_live_node(rendezvous: list[str]) -> int:
+    """Append to the running epoch's generation log the loss of one of its nodes, as a node
+    does that completed a round the other missed; return that node's id."""
+    flag = dict(zip(rendezvous[::2], rendezvous[1::2], strict=True))
+    run_id = flag["--rdzv-id"]
+    async with open_store(
+        flag["--rdzv-backend"], flag["--rdzv-endpoint"], run_id, {}, 10.0
+    ) as store:
+        job = PrefixStore(f"rdzv/{run_id}", store)
+        keys = (await job.get_prefix("aioelastic/inplace/")).items
+        epoch = max(int(key.split("/")[2]) for key in keys)
+        log = PrefixStore(f"aioelastic/inplace/{epoch}/log", job)
+        begin = decode_entry(await log.get("0")).event
+        assert isinstance(begin, Begin)
+        node = max(begin.nodes)
+        entry, index = encode_entry(LogEntry(NodeLost(node), by="the test")), 1
+        while await log.compare_set(str(index), b"", entry) != entry:
+            index += 1
+    return node
+
+
+async def test_a_node_taken_for_lost_while_it_runs_stops_its_worker_and_joins_again(
+    rendezvous: list[str], tmp_path: Path
+) -> None:
+    """The job takes a live node for lost (as when it misses a round; here the test logs the
+    loss): that node's agent stops its worker, whose rank the others gave away, and joins
+    again without a restart; the others keep their processes and the world grows back to 3."""
+    finish = tmp_path / "finish"
+    argv = job_argv(rendezvous, finish)
+    with anyio.fail_after(BOUND * 2):
+        async with agent(*argv) as a, agent(*argv) as b, agent(*argv) as c:
+            runs = (a, b, c)
+            for run in runs:
+                await run.out.wait_for("size 3")
+            before = sized(a.out.text + b.out.text + c.out.text, 3)
+            node = await log_the_loss_of_a_live_node(rendezvous)
+            for run in runs:
+                await run.out.wait_for("size 3", count=2)  # back in a world of 3
+            finish.touch()
+            statuses = [await run.wait() for run in runs]
+    assert statuses == [0, 0, 0], runs
+    told = [
+        run for run in runs if f"took this node for lost (node {node} was lost)" in run.err.text
+    ]
+    assert len(told) == 1, runs
+    victim = told[0]
+    old, new = (int(pid) for pid in re.findall(r"asking pid (\d+)", victim.out.text))
+    await wait_gone(old)
+    after = sized(a.out.text + b.out.text + c.out.text, 3)
+    assert set(before.values()) - set(after.values()) == {old}
+    assert set(after.values()) - set(before.values()) == {new}
+    for run in runs:
         assert "restarting" not in run.err.text
 
 
