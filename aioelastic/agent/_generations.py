@@ -243,6 +243,10 @@ class EvictCause(enum.Enum):
     """Its world ended and it did not enter the next one in time."""
 
 
+LEAVE_CAUSES = (EvictCause.DID_NOT_LEAVE, EvictCause.ABORT_UNAVAILABLE)
+"""What a :class:`LeaveDue` may say (a hung member is the machine's own verdict)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LeaveDue:
     """``worker``, told that ``generation`` ended, has had its time to enter a later one."""

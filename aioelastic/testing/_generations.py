@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from aioelastic.agent._generations import (
+    LEAVE_CAUSES,
     Assign,
     Begin,
     Command,
@@ -199,6 +200,9 @@ class WorldSimulation:
     ) -> None:
         """``key``'s agent says it is not out of the newest world it was told ended (it did not
         leave in time, or it cannot abort); the machine decides whether it is still stuck."""
+        if cause not in LEAVE_CAUSES:
+            causes = ", ".join(c.name for c in LEAVE_CAUSES)
+            raise ValueError(f"a leave deadline never says {cause.name}, only {causes}")
         ended = self.running[key].ended
         if not ended:
             raise ValueError(f"worker {key} was never told that a world ended")

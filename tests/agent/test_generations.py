@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from aioelastic.agent._generations import (
+    LEAVE_CAUSES,
     Begin,
     EndWorld,
     Entered,
@@ -448,7 +449,7 @@ class RandomWorld(RuleBasedStateMachine):
         self.next_node += 1
 
     @precondition(lambda self: self.live() and any(w.ended for w in self.sim.running.values()))
-    @rule(data=st.data(), cause=st.sampled_from(EvictCause))
+    @rule(data=st.data(), cause=st.sampled_from(LEAVE_CAUSES))
     def stuck(self, data: st.DataObject, cause: EvictCause) -> None:
         told = sorted(k for k, w in self.sim.running.items() if w.ended)
         self.sim.stuck(data.draw(st.sampled_from(told)), cause)
