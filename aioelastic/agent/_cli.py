@@ -357,8 +357,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--expose-torch-store",
         help="torchrun's store arrangement: the hosting agent serves torch's store protocol on "
         "the network and workers get its address (static: exactly --master-addr/--master-port); "
-        "anyone who reaches that port can read and write every key. Default: each agent serves "
-        "its own workers on 127.0.0.1",
+        "anyone who reaches that port can read and write every key. The default where the "
+        "job's store has no token and no TLS and the job has more than one node",
+    )
+    flag(
+        "--loopback-torch-store",
+        help="each agent serves torch's store protocol to its own workers on 127.0.0.1, relayed "
+        "to the job's store (workers get MASTER_ADDR=127.0.0.1 and that port). The default "
+        "where a token or TLS protects the job's store, and for --standalone",
     )
     add("training_script", metavar="TRAINING_SCRIPT", help="the worker program")
     add("training_script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")

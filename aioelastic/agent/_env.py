@@ -8,8 +8,10 @@ is the one torch's agent gives its workers, so training scripts run unchanged.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from aioelastic.agent._spec import WorkerSpec
 
@@ -119,3 +121,17 @@ def worker_env(
         env["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
         env["TORCHELASTIC_TIMER_FILE"] = timer_file
     return env
+
+
+WORKER_SITE = str(Path(__file__).parents[1] / "_worker_site")
+"""The directory whose ``sitecustomize`` installs a Python worker's exit hook."""
+
+
+def worker_site_env(base: Mapping[str, str]) -> dict[str, str]:
+    """Return the ``PYTHONPATH`` that loads :data:`WORKER_SITE` first in a Python worker.
+
+    Its ``sitecustomize`` destroys torch's process group at exit (see
+    :mod:`aioelastic._process_group`), then restores ``base``'s path for the script.
+    """
+    given = base.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([WORKER_SITE, given] if given else [WORKER_SITE])}

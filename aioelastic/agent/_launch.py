@@ -77,7 +77,11 @@ class LaunchConfig:
     virtual_local_rank: bool = False
     numa_binding: str | None = None
     event_log_handler: str = "null"
-    expose_torch_store: bool = False
+    torch_store: str = "auto"
+    """``expose``, ``loopback``, or ``auto``: torchrun's (exposed) unless the job's store is
+    protected by a token or TLS, or the job is one node (see :func:`torch_store_arrangement`)."""
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Added to each worker's environment (a Python worker's exit hook)."""
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -145,6 +149,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         check_numa_binding,
         check_virtual_local_rank,
     )
+    from aioelastic.agent._env import worker_site_env
     from aioelastic.agent._spec import DEFAULT_LINE_PREFIX, LogSpec
 
     if args.module and args.no_python:
@@ -169,6 +174,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         conf.setdefault("rank", str(args.node_rank))
         if not endpoint:
             endpoint = f"{args.master_addr}:{args.master_port or 29500}"
+    if args.expose_torch_store and args.loopback_torch_store:
+        raise FlagError("--expose-torch-store and --loopback-torch-store cannot be combined")
+    env: dict[str, str] = {}
     if args.run_path:  # torchrun: --run-path wins over -m and --no-python
         entrypoint = os.environ.get("PYTHON_EXEC", sys.executable)
         prefix_args = ["-u", "-m", "aioelastic._run_path", args.training_script]
@@ -177,6 +185,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     else:
         entrypoint = os.environ.get("PYTHON_EXEC", sys.executable)
         prefix_args = ["-u", *(["-m"] if args.module else []), args.training_script]
+    if not args.no_python or args.run_path:
+        env = worker_site_env(os.environ)
     if args.log_dir is not None:
         try:
             Path(args.log_dir).mkdir(parents=True, exist_ok=True)
@@ -230,7 +240,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         virtual_local_rank=args.virtual_local_rank,
         numa_binding=args.numa_binding,
         event_log_handler=args.event_log_handler,
-        expose_torch_store=args.expose_torch_store,
+        torch_store=(
+            "expose"
+            if args.expose_torch_store
+            else "loopback"
+            if args.loopback_torch_store
+            else "auto"
+        ),
+        env=env,
     )
 
 
@@ -462,6 +479,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
     from aioelastic.agent._report import format_report
     from aioelastic.agent._spec import ForensicsSpec, WorkerSpec
     from aioelastic.agent._timeouts import TimeoutConflictError
+    from aioelastic.agent._worker_store import torch_store_arrangement
     from aioelastic.events import EventLogError
     from aioelastic.metrics import MetricsPortError
     from aioelastic.rendezvous import (
@@ -526,7 +544,8 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         recovery_timeout=config.recovery_timeout,
                         virtual_local_rank=config.virtual_local_rank,
                         numa_binding=config.numa_binding,
-                        torch_store="expose" if config.expose_torch_store else "loopback",
+                        torch_store=torch_store_arrangement(config.torch_store, params),
+                        env=config.env,
                     )
                     router.agent = ElasticAgent(
                         spec,

@@ -33,12 +33,29 @@ import anyio.abc
 from aioelastic._service import Service
 from aioelastic.agent._env import RoundInfo
 from aioelastic.agent._errors import WorkerSpecError
-from aioelastic.rendezvous import RendezvousHandler, RendezvousInfo
+from aioelastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousParameters
+from aioelastic.rendezvous._security import store_is_protected
 from aioelastic.rendezvous._static import StaticRendezvousHandler
 from aioelastic.store import MemoryStore, PrefixStore, Store, TorchStoreListener
 
 LOOPBACK = "127.0.0.1"
 EVERY_INTERFACE = "0.0.0.0"  # only with --expose-torch-store
+
+
+def torch_store_arrangement(mode: str, params: RendezvousParameters) -> str:
+    """Resolve ``aioelastic run``'s ``auto`` arrangement: ``expose`` (torchrun's) or ``loopback``.
+
+    Where the job's store is open anyway (no token, no TLS), workers reach it as torchrun's
+    do: the exposed arrangement adds nothing an attacker lacks, and hands workers the address
+    torchrun would. A token or TLS protects the job's store from the network, and torch's
+    clients can send neither, so there each agent relays its own workers on loopback. A
+    single-node job (``--standalone``: the in-process backend) has no network side: loopback.
+    """
+    if mode != "auto":
+        return mode
+    if params.backend == "memory" or store_is_protected(params):
+        return "loopback"
+    return "expose"
 
 
 def attempt_prefix(handler: RendezvousHandler, restart_count: int) -> str:

@@ -35,3 +35,16 @@ def store_credentials(params: RendezvousParameters) -> StoreCredentials:
         raise RendezvousParameterError(
             f"cannot secure the {params.backend} rendezvous store: {error}"
         ) from None
+
+
+PROTECTING_KEYS = frozenset(
+    {"token_file", "cacert", "cert", "key", "ca_cert", "ssl_cert", "ssl_cert_key", "user"}
+)
+"""Config keys that protect a job's store: a token, TLS (any backend's names), etcd's user."""
+
+
+def store_is_protected(params: RendezvousParameters) -> bool:
+    """Whether the job's store asks its clients for a token, TLS or a password (no file read)."""
+    if any(params.get(key) for key in PROTECTING_KEYS) or os.environ.get(TOKEN_FILE_ENV):
+        return True
+    return str(params.get("protocol", "http")).lower() == "https"

@@ -49,13 +49,19 @@ def elastic_argv(backend: str, endpoint: str, *extra: str) -> list[str]:
 async def test_two_agents_serve_their_workers_on_loopback_for_every_attempt(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """gloo over env:// with each agent's loopback store, relayed to the job's; a restart too."""
+    """--loopback-torch-store: gloo over env:// with each agent's loopback store, relayed to the
+    job's; a restart too."""
     if backend == "etcd":
         endpoint = request.getfixturevalue("etcd_server").endpoints
     else:
         endpoint = f"127.0.0.1:{free_port()}"
     marker = tmp_path / "failed-once"
-    argv = [*elastic_argv(backend, endpoint), EXAMPLE, "--fail-once", str(marker)]
+    argv = [
+        *elastic_argv(backend, endpoint, "--loopback-torch-store"),
+        EXAMPLE,
+        "--fail-once",
+        str(marker),
+    ]
     with anyio.fail_after(BOUND * 4):
         async with launched(*argv) as first, launched(*argv) as second:
             statuses = [await first.wait(), await second.wait()]

@@ -1,0 +1,110 @@
+"""Every Python worker destroys torch's process group before its interpreter finalizes.
+
+The SIGABRT at a worker's exit ("terminate called without an active exception") is a race in
+torch: a gloo thread releasing a finished collective while the interpreter finalizes. A process
+group destroyed at exit leaves it nothing to release (:mod:`aioelastic._process_group`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelastic.agent._env import WORKER_SITE, worker_site_env
+from tests.agent.conftest import BOUND, free_port, launched
+
+WORKERS = Path(__file__).parent / "workers"
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio")])
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """The tests only drive subprocesses."""
+    return request.param
+
+
+def test_worker_site_leads_the_python_path_and_keeps_the_users() -> None:
+    """The hook's directory goes first; the user's own PYTHONPATH follows it unchanged."""
+    assert worker_site_env({}) == {"PYTHONPATH": WORKER_SITE}
+    joined = os.pathsep.join([WORKER_SITE, "/a", "/b"])
+    assert worker_site_env({"PYTHONPATH": os.pathsep.join(["/a", "/b"])}) == {"PYTHONPATH": joined}
+
+
+async def test_a_worker_sees_its_own_path_and_its_own_sitecustomize(tmp_path: Path) -> None:
+    """The hook leaves no trace on sys.path or PYTHONPATH, and a user's sitecustomize still runs."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("MARK = 'users'\n")
+    with anyio.fail_after(BOUND):
+        async with launched(
+            "--standalone", str(WORKERS / "site_probe.py"), env={"PYTHONPATH": str(site)}
+        ) as run:
+            assert await run.wait() == 0, run
+    assert "sitecustomize users" in run.out.text, run
+    assert f"pythonpath {site}" in run.out.text, run
+    assert "worker_site_on_path False" in run.out.text, run
+
+
+def test_a_destroy_that_hangs_at_exit_is_cut_short(tmp_path: Path) -> None:
+    """A process group whose destroy never returns (a peer hangs) does not keep the process."""
+    script = tmp_path / "hangs.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, time, types
+            from aioelastic._process_group import install_exit_hook
+
+            def destroy_process_group():
+                time.sleep(3600)  # a collective still waiting for a hung peer
+
+            dist = types.ModuleType("torch.distributed")
+            dist.is_available = lambda: True
+            dist.is_initialized = lambda: True
+            dist.destroy_process_group = destroy_process_group
+            sys.modules["torch.distributed"] = dist
+            install_exit_hook(timeout=0.5)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=BOUND, check=False
+    )
+    assert done.returncode == 1, done
+    assert "destroy_process_group() at exit did not return within 0.5 s" in done.stderr
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+async def test_a_static_job_hands_workers_the_master_address_and_destroys_at_exit() -> None:
+    """Default flags, static 2 nodes: workers get exactly --master-addr/--master-port (torchrun's
+    arrangement) and each one's process group is destroyed at exit though it never asked."""
+    port = free_port()
+
+    def argv(node_rank: int) -> list[str]:
+        return [
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            f"--node-rank={node_rank}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            str(WORKERS / "exit_probe.py"),
+        ]
+
+    with anyio.fail_after(BOUND * 2):
+        async with launched(*argv(0)) as first, launched(*argv(1)) as second:
+            statuses = [await first.wait(), await second.wait()]
+    assert statuses == [0, 0], (first, second)
+    for rank, agent in enumerate((first, second)):
+        assert f"rank {rank} master 127.0.0.1:{port}" in agent.out.text, agent
+        assert f"rank {rank} sum 2" in agent.out.text, agent
+        assert f"rank {rank} destroyed at exit" in agent.out.text, agent
