@@ -165,6 +165,7 @@ def test_nproc_cpu_counts_the_processors_this_process_may_use() -> None:
     )
 
 
+@pytest.mark.torch
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 @pytest.mark.parametrize(("value", "device"), [("gpu", "CUDA"), ("xpu", "XPU")])
 def test_nproc_for_a_device_that_is_missing_says_so(value: str, device: str) -> None:

@@ -266,24 +266,38 @@ async def test_redirects_without_a_log_dir_go_to_a_temporary_directory_named_on_
         shutil.rmtree(run_dir.parent)
 
 
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
 @pytest.mark.parametrize(
-    ("argv", "expected"),
+    ("argv", "with_torch", "without_torch"),
     [
         (
             ["--numa-binding", "node"],
             "--numa-binding node binds each worker to the CPUs near its GPU",
+            "--numa-binding node needs torch installed",
         ),
-        (["--logs-specs", "nosuch"], "--logs-specs 'nosuch': no entry point of that name"),
-        (["--event-log-handler", "scuba"], "expected one of null, console, dynamic_rendezvous"),
+        (
+            ["--logs-specs", "nosuch"],
+            "--logs-specs 'nosuch': no entry point of that name",
+            "--logs-specs 'nosuch' names a torch LogsSpecs class: install torch",
+        ),
+        (
+            ["--event-log-handler", "scuba"],
+            "expected one of null, console, dynamic_rendezvous",
+            "expected one of null, console, dynamic_rendezvous",
+        ),
     ],
     ids=["numa-without-gpu", "unknown-logs-specs", "unknown-event-handler"],
 )
 async def test_torch_2_13_flags_that_cannot_apply_fail_in_one_line(
-    argv: list[str], expected: str
+    argv: list[str], with_torch: str, without_torch: str
 ) -> None:
-    """A torch 2.13 flag that cannot apply here is refused in one line naming it (status 2)."""
+    """A torch 2.13 flag that cannot apply here is refused in one line naming it (status 2),
+    with or without torch installed (without it, the line says to install torch)."""
     if argv[0] == "--numa-binding" and torch_has_cuda():
         pytest.skip("this machine has CUDA devices")
+    expected = with_torch if HAS_TORCH else without_torch
     with anyio.fail_after(BOUND):
         async with launched("--standalone", *argv, WORKER) as run:
             status = await run.wait()
@@ -293,7 +307,7 @@ async def test_torch_2_13_flags_that_cannot_apply_fail_in_one_line(
 
 
 def torch_has_cuda() -> bool:
-    if importlib.util.find_spec("torch") is None:
+    if not HAS_TORCH:
         return False
     import torch
 

@@ -204,6 +204,7 @@ def sums(console: str) -> list[tuple[int, int]]:
     return [(int(g), int(t)) for g, t in re.findall(r"gen (\d+) step \d+ sum (\d+)", console)]
 
 
+@pytest.mark.torch
 async def test_gloo_survivors_leave_a_collective_with_a_partitioned_peer(
     gloo_job: tuple[Job, bool],
 ) -> None:

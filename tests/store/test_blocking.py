@@ -229,6 +229,7 @@ def test_garbage_instead_of_a_handshake_is_a_protocol_error() -> None:
         BlockingTCPStore("127.0.0.1", port)
 
 
+@pytest.mark.torch
 def test_torchs_own_server_is_not_mistaken_for_ours() -> None:
     """Against torch's TCPStore server the client says it is not an aioelastic store."""
     pytest.importorskip("torch")

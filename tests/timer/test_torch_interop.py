@@ -33,7 +33,7 @@ torch_timer = pytest.importorskip(
     reason="torch is not importable (CI installs torch==2.13.0 CPU for these tests)",
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.torch]
 
 
 @pytest.fixture
