@@ -750,7 +750,10 @@ class GenerationMachine:
         if returncode == 0:
             if self.phase is Phase.FORMING:
                 return self._fall_back(
-                    f"rank {rank} exited 0 while generation {generation.number} formed"
+                    f"rank {rank} exited 0 while generation {generation.number} formed: its "
+                    "world ended under it and it left worker.worlds() instead of joining the "
+                    "next one (a `break` after `with world:`? put it inside the block, after "
+                    "training returns)"
                 )
             self._done_members += 1
             if self._done_members == generation.world_size:

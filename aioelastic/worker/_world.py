@@ -17,11 +17,12 @@ import importlib
 import importlib.util
 import logging
 import os
-import sys
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from aioelastic._process_group import destroy_default_process_group
 from aioelastic.store import BlockingTCPStore, PrefixStore, TCPStore
 from aioelastic.worker._abort import AbortWatch
 from aioelastic.worker._link import AgentLinkError, Link
@@ -173,7 +174,7 @@ class World:
         finally:
             if self._abort is not None:
                 self._abort.stop()
-            _destroy_process_group()
+            destroy_default_process_group()
             if isinstance(self._store, BlockingTCPStore):
                 self._store.close()  # a view (its connection serves the next generation too)
 
@@ -254,7 +255,8 @@ def worlds() -> Iterator[World]:
                 return
             world = World(assigned, link)
             _note_in_environment(world)
-            yield world
+            with _leaving_warned(world):
+                yield world
             if world._end_reason() is None:
                 return
     finally:
@@ -274,9 +276,32 @@ async def async_worlds() -> AsyncIterator[World]:
             return
         world = World(assigned, link)
         _note_in_environment(world)
-        yield world
+        with _leaving_warned(world):
+            yield world
         if world._end_reason() is None:
             return
+
+
+LEFT_AN_ENDED_WORLD = (
+    "this rank left worker.worlds() after generation %d ended under it (%s), so the job, "
+    "which expects it in the next generation, falls back to a restart: leave the loop only "
+    "when training is done, with the `break` (or return) inside `with world:` after training "
+    "returns; a world that ends leaves that block before reaching it"
+)
+
+
+@contextmanager
+def _leaving_warned(world: World) -> Iterator[None]:
+    """Say so when the caller leaves the loop right after ``world`` ended under it (a
+    ``break`` after ``with world:``): the agent only sees a rank exit 0 while the next
+    generation forms."""
+    try:
+        yield
+    except GeneratorExit:
+        reason = world._end_reason()
+        if reason is not None:
+            logger.warning(LEFT_AN_ENDED_WORLD, world.generation, reason)
+        raise
 
 
 _LINK: Link | None = None
@@ -411,10 +436,3 @@ def _close_blocking_stores() -> None:
 def _has_torch() -> bool:
     """Whether torch.distributed can be imported here (looked up, not imported)."""
     return importlib.util.find_spec("torch") is not None
-
-
-def _destroy_process_group() -> None:
-    """Destroy torch's default process group if this process made one (torch not imported: no)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()

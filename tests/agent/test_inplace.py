@@ -176,6 +176,23 @@ def members_plain(text: str, generation: int) -> dict[int, int]:
     return {int(rank): int(pid) for rank, pid in re.findall(pattern, text)}
 
 
+async def test_leaving_the_loop_after_a_world_ended_says_what_to_write(tmp_path: Path) -> None:
+    """A `break` after `with world:` when a world ended: the worker and the agent both say what
+    happened and where the `break` belongs, and the job falls back to a restart that ends."""
+    argv = [*IN_PLACE, "--nproc-per-node", "2", "--max-restarts", "1"]
+    script = [str(WORKERS / "inplace_break.py"), "--marker", str(tmp_path / "killed")]
+    with anyio.fail_after(BOUND * 2):
+        async with launched(*argv, *script) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert "this rank left worker.worlds() after generation 1 ended under it" in run.err.text
+    assert (
+        "rank 0 exited 0 while generation 2 formed: its world ended under it and it left "
+        "worker.worlds() instead of joining the next one (a `break` after `with world:`? put "
+        "it inside the block, after training returns)"
+    ) in run.err.text, run
+
+
 async def test_spares_need_in_place_recovery() -> None:
     """--spares without --recovery in-place is refused with one line naming both flags."""
     async with launched("--standalone", "--spares", "1", WORKER) as run:
