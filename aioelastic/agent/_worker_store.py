@@ -15,9 +15,9 @@ no worker's death takes the store away. Two arrangements:
   Anyone who reaches that port can read and write every key: torch clients send no token.
 
 Each attempt gets a clean keyspace, so the fixed keys ``init_process_group`` writes
-(``default_pg/...``) never meet a previous attempt's: the round's store (already private to
-its round) under ``torch/``, and for static jobs, whose one round serves every restart, under
-``torch/attempt_<restart count>/``. The exposed static store is torchrun's exactly: its root.
+(``default_pg/...``) never meet a previous attempt's: the round's store (private to its round;
+a static job's restart is a round of its own) under ``torch/``. The exposed static store is
+torchrun's exactly: its root, which the static backend clears between attempts.
 """
 
 from __future__ import annotations
@@ -58,13 +58,6 @@ def torch_store_arrangement(mode: str, params: RendezvousParameters) -> str:
     return "expose"
 
 
-def attempt_prefix(handler: RendezvousHandler, restart_count: int) -> str:
-    """Where one attempt's torch keys live inside the round's store."""
-    if isinstance(handler, StaticRendezvousHandler):
-        return f"torch/attempt_{restart_count}"
-    return "torch"
-
-
 class WorkerStore(Service):
     """Serves the workers' torch store for every attempt of one agent's run."""
 
@@ -99,7 +92,7 @@ class WorkerStore(Service):
     async def attempt(self, info: RendezvousInfo, workers: RoundInfo) -> AsyncIterator[RoundInfo]:
         """Serve one attempt's store; yield ``workers`` pointing at it (the agent's store on)."""
         round_store: Store = info.store
-        scoped = PrefixStore(attempt_prefix(self.handler, workers.restart_count), round_store)
+        scoped = PrefixStore("torch", round_store)
         if not self.expose:
             self._local.use_store(scoped)
             yield dataclasses.replace(

@@ -43,6 +43,9 @@ class InvalidationReason(enum.Enum):
     """The rendezvous was closed: the job is over."""
     FENCED = "fenced"
     """This node could not renew its liveness in time: others may have taken its ranks."""
+    RESTARTING = "restarting"
+    """Another node restarts the job's workers; every node starts the next attempt together
+    (``static``, whose one set of members otherwise never changes)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,13 +4,24 @@ Rank 0 hosts the TCP store at the endpoint, the others connect (``token_file`` s
 for ``c10d``). Each node claims its rank,
 rank 0 publishes where the workers' own store will live (its address and a free port), and
 everyone waits until every rank has arrived, at most ``join_timeout`` (``timeout``) seconds.
+
+A later ``next_rendezvous()`` starts the job's next attempt (a restart) with every node, as a new
+round of an elastic backend would: the node announces it (which ends the others' round through
+:meth:`~StaticRendezvousHandler.wait_round_invalidated`), says its workers stopped, and waits
+until every node has; rank 0 then deletes the keys the last attempt's workers wrote at the
+store's root (torch's clients share it when workers get exactly the master address, as under
+torchrun) before anyone starts a worker. Without this, a node that restarted first started a
+worker that read a stale address of a peer's old worker and failed the job's one restart. Each
+attempt is a round: its own keyspace (``RendezvousInfo.store``) and number (``round``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import secrets
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Self
 
@@ -37,6 +48,9 @@ from aioelastic.rendezvous._info import (
 from aioelastic.rendezvous._parameters import RendezvousParameters, seconds
 from aioelastic.rendezvous._security import SECURITY_KEYS, store_credentials
 from aioelastic.store import PrefixStore, Store, StoreError, StoreTimeoutError
+
+ROOT_PREFIX = "rdzv/"
+"""Where every rendezvous key lives in the job's store; torch's keys are the rest."""
 
 STATIC_KEYS = frozenset(
     {"rank", "join_timeout", "timeout", "read_timeout", "local_addr", *SECURITY_KEYS}
@@ -70,7 +84,9 @@ class StaticRendezvousHandler(RendezvousHandler):
         self._addr = params.local_addr or params.get("local_addr")
         self._credentials = store_credentials(params)
         self._stack: AsyncExitStack | None = None
+        self._root: Store | None = None
         self._store: Store | None = None
+        self._attempt = 0
         self._info: RendezvousInfo | None = None
         self._joining = False
         self._invalidated: RoundInvalidated | None = None
@@ -118,7 +134,8 @@ class StaticRendezvousHandler(RendezvousHandler):
         except BaseException:
             await stack.aclose()
             raise
-        self._store = PrefixStore(f"rdzv/{self.run_id}/static", client)
+        self._root = client
+        self._store = PrefixStore(f"{ROOT_PREFIX}{self.run_id}/static", client)
         self._stack = stack
         return self
 
@@ -128,17 +145,56 @@ class StaticRendezvousHandler(RendezvousHandler):
         return self._store
 
     async def next_rendezvous(self) -> RendezvousInfo:
-        """Claim this rank and wait for all ranks; later calls return the same outcome."""
+        """Claim this rank and wait for all ranks; a later call starts the next attempt with
+        every node (see the module docstring)."""
         store = self._require_store()
-        if self._info is not None:
-            return self._info
         if await self.is_closed():
             raise RendezvousClosedError(self.run_id)
         self._joining = True
         try:
-            return await self._join(store)
+            if self._info is None:
+                return await self._join(store)
+            return await self._restart(store, self._info)
         finally:
             self._joining = False
+
+    async def _restart(self, store: Store, last: RendezvousInfo) -> RendezvousInfo:
+        attempt = self._attempt + 1
+        key = f"attempt/{attempt}"
+        try:
+            await store.set(f"{key}/begun", b"1")
+            await store.set(f"{key}/stopped/{self.rank}", b"1")
+            stopped = [f"{key}/stopped/{rank}" for rank in range(self.world_size)]
+            try:
+                await store.multi_get(stopped, timeout=self.join_timeout)
+            except StoreTimeoutError:
+                arrived = len((await store.get_prefix(f"{key}/stopped/")).items)
+                raise RendezvousTimeoutError(
+                    self.run_id, self.join_timeout, arrived, self.world_size
+                ) from None
+            if self.rank == 0:
+                await self._clear_torch_keys()
+                await store.set(f"{key}/clean", b"1")
+            await store.get(f"{key}/clean", timeout=self.join_timeout)
+        except StoreTimeoutError:  # rank 0 stopped answering between the two waits
+            raise RendezvousTimeoutError(
+                self.run_id, self.join_timeout, self.world_size - 1, self.world_size
+            ) from None
+        except StoreError as error:
+            raise RendezvousConnectionError(f"static rendezvous lost its store: {error}") from error
+        self._attempt = attempt
+        self._invalidated = None
+        self._info = dataclasses.replace(
+            last, store=PrefixStore(f"store/attempt_{attempt}", store), round=attempt
+        )
+        return self._info
+
+    async def _clear_torch_keys(self) -> None:
+        """Delete what torch's clients wrote at the store's root (every key but ours)."""
+        assert self._root is not None
+        for name in (await self._root.get_prefix("")).items:
+            if not name.startswith(ROOT_PREFIX):
+                await self._root.delete_key(name)
 
     async def _join(self, store: Store) -> RendezvousInfo:
         try:
@@ -182,16 +238,23 @@ class StaticRendezvousHandler(RendezvousHandler):
         return 0
 
     async def wait_round_invalidated(self) -> RoundInvalidated:
-        """Return when the job is closed (a static round is otherwise never invalidated)."""
+        """Return when the job is closed or another node starts the next attempt."""
         store = self._require_store()
         if self._info is None:
             raise RendezvousUsageError(
                 "no round completed on this handler yet; call next_rendezvous() first"
             )
-        await store.wait(["closed"], timeout=math.inf)
+        restart = f"attempt/{self._attempt + 1}/begun"
+        closed = await first_key(store, ["closed", restart]) == "closed"
         if self._invalidated is None:
-            self._invalidated = RoundInvalidated(
-                InvalidationReason.CLOSED, f"run {self.run_id!r} was closed"
+            self._invalidated = (
+                RoundInvalidated(InvalidationReason.CLOSED, f"run {self.run_id!r} was closed")
+                if closed
+                else RoundInvalidated(
+                    InvalidationReason.RESTARTING,
+                    f"another node restarts run {self.run_id!r}: every node starts attempt "
+                    f"{self._attempt + 1} together",
+                )
             )
         return self._invalidated
 
@@ -200,6 +263,21 @@ class StaticRendezvousHandler(RendezvousHandler):
         if stack is not None:
             await stack.aclose()
         return True
+
+
+async def first_key(store: Store, keys: Sequence[str]) -> str:
+    """Wait until one of ``keys`` exists; return it."""
+    found: list[str] = []
+    async with anyio.create_task_group() as tg:
+
+        async def wait(key: str) -> None:
+            await store.wait([key], timeout=math.inf)
+            found.append(key)
+            tg.cancel_scope.cancel()
+
+        for key in keys:
+            tg.start_soon(wait, key)
+    return found[0]
 
 
 def create_handler(params: RendezvousParameters) -> StaticRendezvousHandler:

@@ -104,6 +104,33 @@ async def test_exposed_static_store_is_exactly_the_master_address_and_port() -> 
         assert re.search(r"rank \d/2 attempt 0: sum 3", agent.out.text), agent
 
 
+async def test_a_static_restart_is_job_wide_and_reads_no_stale_address() -> None:
+    """Default flags, static 2 nodes: rank 1 dies while rank 0's worker is outside any
+    collective; rank 0's node restarts too, and the next attempt's workers meet in a clean
+    store (exactly --master-addr/--master-port), not at the old worker's address."""
+    port = free_port()
+
+    def argv(node_rank: int) -> list[str]:
+        return [
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            f"--node-rank={node_rank}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "--max-restarts=1",
+            str(Path(__file__).parent / "workers" / "static_restart.py"),
+        ]
+
+    with anyio.fail_after(BOUND * 2):
+        async with launched(*argv(0)) as first, launched(*argv(1)) as second:
+            statuses = [await first.wait(), await second.wait()]
+    assert statuses == [0, 0], (first, second)
+    assert "rank 1 failed: killed by SIGKILL" in second.err.text
+    assert "membership changed (restarting)" in first.err.text, first
+    for rank, agent in enumerate((first, second)):
+        assert f"rank {rank} sum 2" in agent.out.text, agent
+
+
 def test_exposing_a_secured_static_store_is_refused(tmp_path: Path) -> None:
     """Torch clients send no token: sharing a token-protected static store is refused at start."""
     token = tmp_path / "token"

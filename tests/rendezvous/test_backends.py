@@ -123,6 +123,47 @@ async def test_static_nodes_get_their_configured_ranks() -> None:
     assert len({info.bootstrap_store_info for info in infos}) == 1
 
 
+async def test_static_restart_starts_the_next_attempt_with_every_node() -> None:
+    """A node's restart ends the others' round; every node then starts attempt 1 together, in
+    a keyspace of its own, after rank 0 deleted what the last attempt's workers wrote at the
+    root (torch's clients share it): no new worker can read an old worker's address."""
+    port = unused_port()
+    handlers = [get_rendezvous_handler(params("static", port, (2, 2), rank=r)) for r in range(2)]
+    async with AsyncExitStack() as stack:
+        for handler in handlers:
+            await stack.enter_async_context(handler)
+        joined: dict[int, RendezvousInfo] = {}
+        async with anyio.create_task_group() as tg:
+            for rank, handler in enumerate(handlers):
+
+                async def join(rank: int = rank, handler: RendezvousHandler = handler) -> None:
+                    joined[rank] = await handler.next_rendezvous()
+
+                tg.start_soon(join)
+        first = joined[0]
+        torch_store = handlers[1]._root  # type: ignore[attr-defined]  # what torch's clients see
+        await torch_store.set("default_pg/0//cpu//rank_0", b"old worker's address")
+        restarted: dict[int, RendezvousInfo] = {}
+        invalidated = []
+        async with anyio.create_task_group() as tg:
+
+            async def node_1() -> None:
+                restarted[1] = await handlers[1].next_rendezvous()  # its worker failed
+
+            async def node_0() -> None:
+                invalidated.append(await handlers[0].wait_round_invalidated())
+                restarted[0] = await handlers[0].next_rendezvous()
+
+            tg.start_soon(node_1)
+            tg.start_soon(node_0)
+        assert [event.reason.name for event in invalidated] == ["RESTARTING"]
+        assert not await torch_store.check(["default_pg/0//cpu//rank_0"])
+        assert [restarted[r].round for r in (0, 1)] == [1, 1]
+        await restarted[0].store.set("slot", b"attempt 1")
+        assert await restarted[1].store.get("slot") == b"attempt 1"
+        assert not await first.store.check(["slot"])
+
+
 async def test_static_duplicate_rank_is_refused() -> None:
     """Two static nodes claiming one rank: one of them is told to fix its rank."""
     port = unused_port()
