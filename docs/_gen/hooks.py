@@ -77,7 +77,7 @@ def _subcommand(name: str, parser: argparse.ArgumentParser) -> list[str]:
         if pets is not None:
             variable = f"PET_{action.dest.upper()}"
             row.append(f"`{variable}`" if action.option_strings and pets(variable) else "")
-        row.append(_cell(action.help or ""))
+        row.append(_cell(parser._get_formatter()._expand_help(action) if action.help else ""))
         lines.append("| " + " | ".join(row) + " |")
     return [*lines, ""]
 

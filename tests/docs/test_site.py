@@ -47,11 +47,9 @@ def chromium() -> str | None:
 
 def missing_tools() -> list[str]:
     """What the test needs and this machine lacks, each with how to get it."""
-    missing = [
-        f"{module} (pip install -e '.[docs]')"
-        for module in ("mkdocs", "material", "mkdocstrings_handlers.python", "playwright")
-        if importlib.util.find_spec(module.split(".")[0]) is None
-    ]
+    modules = ("mkdocs", "material", "mkdocstrings_handlers", "playwright")
+    absent = [module for module in modules if importlib.util.find_spec(module) is None]
+    missing = [f"{', '.join(absent)} (pip install -e '.[docs]')"] if absent else []
     if chromium() is None:
         missing.append("chromium (apt-get install chromium)")
     return missing
