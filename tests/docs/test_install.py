@@ -36,8 +36,7 @@ def setuptools_can_build() -> bool:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_the_extras_the_install_pages_name_exist(page: Path) -> None:
-    """Every extra an install page names (`[etcd,metrics]`, a table's `etcd` row) is one
-    pyproject.toml defines."""
+    """Every extra an install page names (`[etcd,metrics]`, a table row) is in pyproject.toml."""
     text = page.read_text()
     named = {e for group in re.findall(r"\[([a-z,]+)\]'", text) for e in group.split(",")}
     named |= set(re.findall(r"^\| `([a-z]+)`", text, re.MULTILINE))
@@ -47,9 +46,7 @@ def test_the_extras_the_install_pages_name_exist(page: Path) -> None:
 
 @pytest.mark.skipif(not setuptools_can_build(), reason="needs setuptools>=77 to build offline")
 def test_a_wheel_built_from_the_clone_installs_next_to_this_environment(tmp_path: Path) -> None:
-    """`pip wheel --no-deps` makes the wheel the pages name, with the extras; installed
-    (no dependencies fetched) over an environment that has its own packages (torch where
-    installed), it is what `import aioelastic` and `aioelastic run --help` use."""
+    """The wheel the pages name builds with its extras; installed over this environment, it runs."""
     source = tmp_path / "aioelastic"
     shutil.copytree(ROOT / "aioelastic", source / "aioelastic")
     for name in ("pyproject.toml", "README.md"):
