@@ -26,6 +26,8 @@ from urllib.parse import unquote, urljoin, urlsplit
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# Building the site and opening each of its ~40 pages takes a minute or two on 2 busy cores.
+pytestmark = pytest.mark.timeout(600)
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
