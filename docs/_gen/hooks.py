@@ -19,9 +19,10 @@ import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mkdocs.structure.files import File, Files
+if TYPE_CHECKING:  # the generators import without mkdocs (tests/docs use them)
+    from mkdocs.structure.files import Files
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"^<!-- generated: (?P<name>[a-z-]+) -->$", re.MULTILINE)
@@ -218,6 +219,8 @@ GENERATORS: dict[str, Callable[[str], str]] = {
 
 def on_files(files: Files, config: Any) -> Files:
     """Publish bench/'s charts beside the pages that show them."""
+    from mkdocs.structure.files import File
+
     for chart in CHARTS:
         files.append(File.generated(config, chart, abs_src_path=str(ROOT / chart)))
     return files
