@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
 
-.PHONY: venv demo test lint bench stress clean
+.PHONY: venv demo test lint bench stress docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
 
 lint: $(STAMP)
-	$(BIN)/ruff check aioelastic tests examples bench
+	$(BIN)/ruff check aioelastic tests examples bench docs/_gen
 	$(BIN)/mypy
 
 bench: $(STAMP)
@@ -31,5 +32,13 @@ bench: $(STAMP)
 stress: $(STAMP)
 	$(BIN)/python -m pytest -q stress
 
+# The documentation site, from docs/ into site/ (the docs extra is installed on first use).
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -31,7 +31,7 @@ class Rule:
 
     @property
     def text(self) -> str:
-        """The rule as the README lists it: ``heartbeat_timeout >= 2 x keep_alive_interval``."""
+        """The rule as the docs list it: ``heartbeat_timeout >= 2 x keep_alive_interval``."""
         times = "" if self.factor == 1 else f"{self.factor:g} x "
         return f"{self.larger} >= {times}{self.smaller}"
 
@@ -71,7 +71,7 @@ RULES: tuple[Rule, ...] = (
         "would always give up before it could know who is gone",
     ),
 )
-"""Every rule the agent checks at start (the README lists them)."""
+"""Every rule the agent checks at start (docs/guides/agent.md lists them)."""
 
 LABELS: Mapping[str, str] = {
     "heartbeat_timeout": "--rdzv-conf heartbeat_timeout",

@@ -19,7 +19,7 @@ from aioelastic.rendezvous import RendezvousParameters, get_rendezvous_handler
 from aioelastic.store import MemoryStore
 from tests.agent.conftest import BOUND, launched
 
-README = Path(__file__).parents[2] / "README.md"
+GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "agent.md"
 DEFAULTS = {
     "heartbeat_timeout": 15.0,
     "keep_alive_interval": 5.0,
@@ -77,9 +77,9 @@ def test_unset_values_are_not_compared() -> None:
     assert timeout_conflicts({"recovery_timeout": 1.0, "join_timeout": 1.0}) == []
 
 
-def test_the_readme_lists_every_rule() -> None:
-    """Each rule's text appears in the README."""
-    text = README.read_text()
+def test_the_agent_guide_lists_every_rule() -> None:
+    """Each rule's text appears in the agent guide (docs/guides/agent.md)."""
+    text = GUIDE.read_text()
     assert [rule.text for rule in RULES if f"`{rule.text}`" not in text] == []
 
 

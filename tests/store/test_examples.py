@@ -1,4 +1,4 @@
-"""The store examples and the README's Store snippet run and print what they promise."""
+"""The store examples run and print what they promise (the docs' snippets: tests/docs)."""
 
 from __future__ import annotations
 
@@ -29,15 +29,3 @@ def test_watch_example_sees_the_heartbeat_expire() -> None:
     """The watcher wakes when the TTL key expires and the permanent key remains."""
     output = run("store_watch.py")
     assert "after the change: ['nodes/b']" in output
-
-
-def test_readme_store_snippet_runs(tmp_path: Path) -> None:
-    """The README's Store snippet runs and prints what it promises."""
-    readme = (EXAMPLES.parent / "README.md").read_text()
-    snippet = readme.split("## Store", 1)[1].split("```python", 1)[1].split("```", 1)[0]
-    script = tmp_path / "snippet.py"
-    script.write_text(snippet)
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=60
-    )
-    assert (result.returncode, result.stdout) == (0, "1\nTrue\n"), result.stderr
