@@ -60,6 +60,9 @@ from aioelastic.agent._events import (
     RunState,
     ShutdownRequested,
     StacksCaptured,
+    StepsMarked,
+    StepTimes,
+    StragglerDetected,
     TimeoutsLearnedIn,
 )
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup
@@ -74,6 +77,7 @@ from aioelastic.agent._recovery import (
 )
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
+from aioelastic.agent._stragglers import ScoredWindow, StragglerSettings, StragglerWatch
 from aioelastic.agent._timeouts import agent_timeouts, check_timeouts
 from aioelastic.agent._worker_store import WorkerStore
 from aioelastic.rendezvous import (
@@ -124,8 +128,13 @@ class ElasticAgent(Service):
         stderr: IO[bytes] | None = None,
         on_watchdog_event: Callable[[TimerEvent], None] | None = None,
         guardian: Guardian | None = None,
+        stragglers: StragglerSettings | None = None,
     ) -> None:
         self.spec = spec
+        self._stragglers = StragglerWatch(stragglers or StragglerSettings.from_env())
+        self._straggling: frozenset[int] = frozenset()
+        self.step_times: StepTimes | None = None
+        """The last straggler window this node's workers' step marks closed."""
         self._on_watchdog_event = on_watchdog_event
         self._subscribers: Subscribers[AgentEvent] = Subscribers(logger, "agent event", on_event)
         self._shutdown_signals = tuple(shutdown_signals)
@@ -622,6 +631,28 @@ class ElasticAgent(Service):
 
     def _emit(self, event: AgentEvent) -> None:
         self._subscribers.emit(event)  # a broken subscriber must not take the workers down
+        if isinstance(event, StepsMarked):
+            life = (event.restart_count, event.generation)
+            for window in self._stragglers.feed(
+                life, event.rank, event.steps, event.times, event.done
+            ):
+                self._scored(window)
+
+    def _scored(self, window: ScoredWindow) -> None:
+        """Report a closed straggler window, and each rank that became a straggler in it."""
+        factor = self._stragglers.settings.factor
+        times = StepTimes(window.start, window.end, window.ranks, window.stragglers, factor)
+        self.step_times = times
+        self._emit(times)
+        fastest = min((r.median for r in window.ranks), default=0.0)
+        for ranked in window.ranks:
+            if ranked.rank in window.stragglers and ranked.rank not in self._straggling:
+                self._emit(
+                    StragglerDetected(
+                        ranked.rank, ranked.score, ranked.median, fastest, window.end
+                    )
+                )
+        self._straggling = frozenset(window.stragglers)
 
 
 def _joined(
