@@ -648,9 +648,7 @@ class ElasticAgent(Service):
         for ranked in window.ranks:
             if ranked.rank in window.stragglers and ranked.rank not in self._straggling:
                 self._emit(
-                    StragglerDetected(
-                        ranked.rank, ranked.score, ranked.median, fastest, window.end
-                    )
+                    StragglerDetected(ranked.rank, ranked.score, ranked.median, fastest, window.end)
                 )
         self._straggling = frozenset(window.stragglers)
 
