@@ -405,6 +405,18 @@ class _Scan:
             )
 
 
+def _merged(bands: list[Band]) -> list[Band]:
+    """Join neighbouring bands of one category and life."""
+    out: list[Band] = []
+    for band in bands:
+        last = out[-1] if out else None
+        if last and (last.category, last.life, last.end) == (band.category, band.life, band.start):
+            out[-1] = Band(last.start, band.end, band.category, band.life)
+        else:
+            out.append(band)
+    return out
+
+
 def _carve(bands: list[Band], saves: list[tuple[float, float]]) -> list[Band]:
     """Cut the checkpoint saves out of the productive and re-done bands."""
     merged: list[tuple[float, float]] = []
@@ -491,7 +503,11 @@ def goodput_report(
         start,
         end,
         tuple(
-            _carve(scan.bands, [(_clamp(a, start, end), _clamp(b, start, end)) for a, b in saves])
+            _merged(
+                _carve(
+                    scan.bands, [(_clamp(a, start, end), _clamp(b, start, end)) for a, b in saves]
+                )
+            )
         ),
         tuple(scan.recoveries),
         marked,
