@@ -33,11 +33,7 @@ def main() -> None:
     parser.add_argument("--crash-at", type=int, default=None)
     parser.add_argument("--slow-rank", type=int, default=None)
     args = parser.parse_args()
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        torch = dist = None
+    torch, dist = _torch()
     args.checkpoints.mkdir(parents=True, exist_ok=True)
     saved = args.checkpoints / "step"
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -54,12 +50,21 @@ def main() -> None:
                 time.sleep(slow * STEP_SECONDS)  # stands for the forward and backward passes
                 world.work_done()
                 if dist is not None:
-                    grads: Any = torch.ones(4)
-                    dist.all_reduce(grads)
+                    dist.all_reduce(torch.ones(4))
                 if world.rank == 0 and step % 10 == 9:
                     with world.saving_checkpoint():
                         saved.write_text(str(step + 1))
     print(f"rank {os.environ['RANK']}: done", flush=True)
+
+
+def _torch() -> tuple[Any, Any]:
+    """torch and torch.distributed, or (None, None) where torch is not installed."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return None, None
+    return torch, dist
 
 
 if __name__ == "__main__":

@@ -639,7 +639,8 @@ class ElasticAgent(Service):
                 self._scored(window)
 
     def _scored(self, window: ScoredWindow) -> None:
-        """Report a closed straggler window, and each rank that became a straggler in it."""
+        """Report a closed straggler window, and each rank that became a straggler in it (a rank
+        stays one until a window compares it with others and does not name it)."""
         factor = self._stragglers.settings.factor
         times = StepTimes(window.start, window.end, window.ranks, window.stragglers, factor)
         self.step_times = times
@@ -650,7 +651,8 @@ class ElasticAgent(Service):
                 self._emit(
                     StragglerDetected(ranked.rank, ranked.score, ranked.median, fastest, window.end)
                 )
-        self._straggling = frozenset(window.stragglers)
+        compared = {r.rank for r in window.ranks} if len(window.ranks) > 1 else set()
+        self._straggling = (self._straggling - compared) | set(window.stragglers)
 
 
 def _joined(
