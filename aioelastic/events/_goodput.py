@@ -474,7 +474,8 @@ def goodput_report(
             saves += saved
             ranks.setdefault(life, set()).add(rank)
             for m in marks:
-                begun.setdefault((life, m.step), {}).setdefault(rank, m.time)
+                by_rank = begun.setdefault((life, m.step), {})
+                by_rank[rank] = min(by_rank.get(rank, m.time), m.time)
             steps = tuple(m.step for m in marks)
             times = tuple(m.time for m in marks)
             batches.append((min(times, default=event.time), life, rank, steps, times, done))
@@ -490,7 +491,7 @@ def goodput_report(
     windows += watch.finish()
     scan = _Scan(start, open_start=start)
     durations: list[float] = []
-    for when, _, point in sorted(points, key=lambda p: (p[0], p[1])):
+    for when, _, point in sorted(points, key=_order):
         if isinstance(point, _Mark):
             ended = scan.mark(_Mark(when, point.step, point.life))
             if ended is not None:
@@ -517,6 +518,15 @@ def goodput_report(
         settings.factor,
         settings.window,
     )
+
+
+def _order(point: tuple[float, int, _Mark | _Disruption]) -> tuple[Any, ...]:
+    """Time order, disruptions first at one time (failures before the rest): a total order,
+    so logs read in any order give one report."""
+    when, kind, what = point
+    if isinstance(what, _Mark):
+        return (when, kind, what.life, what.step)
+    return (when, kind, not what.failure, what.cause, what.node, what.rank or 0)
 
 
 def _clamp(value: float, low: float, high: float) -> float:
