@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,51 @@ def test_the_steps_lost_to_the_kill_are_re_done(
     assert report["steps"]["last"] == 39
     assert report["steps"]["redone"] >= 1  # from the checkpoint (20) to the step reached
     assert report["badput_seconds"]["redone"] > 0
+
+
+ASK_STATUS = """\
+import json, subprocess, sys, time
+from pathlib import Path
+from aioelastic import worker
+found, endpoint = Path(sys.argv[1]), sys.argv[2]
+status = [sys.executable, "-m", "aioelastic", "status", "--rdzv-endpoint", endpoint,
+          "--rdzv-id", "job", "--json"]
+for world in worker.worlds():
+    with world:
+        for step in range(3000):
+            if found.exists():
+                break
+            world.step(step)
+            time.sleep(0.15 if world.rank == 2 else 0.05)  # pace
+            world.work_done()
+            if world.rank == 0 and step % 10 == 9:
+                shown = json.loads(subprocess.run(status, capture_output=True, check=True).stdout)
+                if shown["stragglers"]:
+                    found.with_suffix(".tmp").write_text(json.dumps(shown))
+                    found.with_suffix(".tmp").rename(found)
+"""
+
+
+def test_status_names_the_straggler_while_the_job_runs(tmp_path: Path) -> None:
+    """`aioelastic status` (asked by rank 0 between its steps) shows each rank's step time and
+    names the slow rank, from what the agent keeps in the round's store."""
+    script, found = tmp_path / "ask.py", tmp_path / "status.json"
+    script.write_text(ASK_STATUS)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
+
+    async def run() -> tuple[int, str]:
+        return await aioelastic(
+            "run", "--nnodes", "1", "--nproc-per-node", "3", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint, "--rdzv-id", "job", script, found, endpoint,
+            env={"AIOELASTIC_STRAGGLER_WINDOW": "0.5"},
+        )  # fmt: skip
+
+    code, output = anyio.run(run)
+    assert code == 0, output
+    shown = json.loads(found.read_text())
+    assert list(shown["stragglers"]) == ["2"]
+    (node,) = shown["step_times"]
+    assert "2" in node["medians"]  # with a faster rank (rank 0 may mark no step in a window:
+    assert len(node["medians"]) >= 2  # it spends it asking for the status)
