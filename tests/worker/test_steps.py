@@ -124,8 +124,10 @@ def test_batches_survive_the_wire(batch: StepBatch) -> None:
     ("data", "match"),
     [
         (b"nope", "not a batch of step marks"),
-        (b'{"restart_count":0,"generation":1,"rank":0,"steps":[1],"times":[]}', "1 steps but 0"),
-        (b'{"restart_count":0,"generation":1,"rank":"0","steps":[],"times":[]}', "an integer"),
+        (b"[1, 0, 1, 0, 1, 0, 0]", "not a batch of step marks of version 1"),
+        (b"[2, 0, 1, 0, 0, 0, 0]\n", "of version 1"),
+        (b"[1, 0, 1, 0, 1, 0, 0]\n" + bytes(8), "1 marks, 0 work ends and 0 saves cannot be 8"),
+        (b'[1, 0, 1, "0", 0, 0, 0]\n', "an integer"),
         (b"x" * (_steps.MAX_BATCH + 1), "at most"),
     ],
 )
