@@ -7,7 +7,8 @@
 Each step is marked (``world.step``), the rank's own work ends with ``world.work_done()`` (before
 the step's all-reduce, so the slow rank is told from those it keeps waiting), and rank 0's
 checkpoint saves are marked (``world.saving_checkpoint()``). ``--crash-at`` makes rank 1 kill
-itself with SIGKILL at that step on the first attempt; ``--slow-rank`` works three times longer
+itself with SIGKILL at that step in the first generation of the world (the first attempt, or
+under ``--recovery in-place`` the first world); ``--slow-rank`` works three times longer
 per step. With torch the ranks all-reduce every step over gloo; without it they run the same
 loop alone.
 """
@@ -36,7 +37,6 @@ def main() -> None:
     torch, dist = _torch()
     args.checkpoints.mkdir(parents=True, exist_ok=True)
     saved = args.checkpoints / "step"
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     for world in worker.worlds():
         with world:
             if dist is not None:
@@ -44,7 +44,7 @@ def main() -> None:
             first = int(saved.read_text()) if saved.exists() else 0
             for step in range(first, args.steps):
                 world.step(step)
-                if attempt == 0 and world.rank == 1 and step == args.crash_at:
+                if world.generation == 1 and world.rank == 1 and step == args.crash_at:
                     os.kill(os.getpid(), signal.SIGKILL)
                 slow = 3 if world.rank == args.slow_rank else 1
                 time.sleep(slow * STEP_SECONDS)  # stands for the forward and backward passes
