@@ -64,6 +64,7 @@ LAYERS = (
 LAZY_RE_EXPORTS = {
     ("aioelastic.events", "aioelastic._observe"),
     ("aioelastic.events", "aioelastic._progress"),
+    ("aioelastic.events", "aioelastic.events._goodput"),
 }
 """(module, imported module) pairs allowed to reach up: imported on first attribute access."""
 
