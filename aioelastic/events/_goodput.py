@@ -310,7 +310,9 @@ def _marks(
 
 @dataclass(slots=True)
 class _Scan:
-    start: float
+    """The scan's state: the band open since ``open_start``, the job's current life and step,
+    the highest step it reached, and the failure a recovery waits to resolve."""
+
     bands: list[Band] = field(default_factory=list)
     recoveries: list[Recovery] = field(default_factory=list)
     open_start: float = 0.0
@@ -326,6 +328,7 @@ class _Scan:
     recovering: _Disruption | None = None
 
     def close(self, when: float) -> None:
+        """End the open band at ``when`` (an empty one leaves no band)."""
         when = max(when, self.open_start)
         if when > self.open_start:
             index = len(self.bands)
@@ -377,6 +380,7 @@ class _Scan:
         return ended
 
     def disrupt(self, what: _Disruption) -> None:
+        """A failure (or a stop to admit nodes): the current life is over."""
         if self.open_category in ("recovery", "idle"):
             return  # the first disruption of an incident names it
         if self.open_category in (PRODUCTIVE, "redone"):
@@ -390,6 +394,7 @@ class _Scan:
             self.recovering = what
 
     def finish(self, end: float, typical: float | None) -> None:
+        """Close the last band at ``end`` (a last step lasts at most ``typical``)."""
         if self.open_category in (PRODUCTIVE, "redone") and typical is not None:
             self.close(min(end, self.open_start + typical))
             self.open_category = "other"
@@ -489,7 +494,7 @@ def goodput_report(
     for _, life, rank, steps, times, done in sorted(batches, key=lambda b: b[0]):
         windows += watch.feed(life, rank, steps, times, done)
     windows += watch.finish()
-    scan = _Scan(start, open_start=start)
+    scan = _Scan(open_start=start)
     durations: list[float] = []
     for when, _, point in sorted(points, key=_order):
         if isinstance(point, _Mark):
