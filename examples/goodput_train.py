@@ -44,6 +44,7 @@ def main() -> None:
             first = int(saved.read_text()) if saved.exists() else 0
             for step in range(first, args.steps):
                 world.step(step)
+                world.check()  # under --recovery in-place: leave a world that ended
                 if world.generation == 1 and world.rank == 1 and step == args.crash_at:
                     os.kill(os.getpid(), signal.SIGKILL)
                 slow = 3 if world.rank == args.slow_rank else 1

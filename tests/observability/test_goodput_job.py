@@ -2,7 +2,9 @@
 
 The job is ``examples/goodput_train.py`` (over gloo where torch is importable, else plain
 Python workers using the worker API): rank 1 kills itself with SIGKILL at step 25 of the first
-attempt, rank 2 works three times longer per step, rank 0 checkpoints every 10 steps.
+generation, rank 2 works three times longer per step, rank 0 checkpoints every 10 steps. It runs
+under ``--recovery restart`` (the group restarts) and ``--recovery in-place`` (rank 1 is
+replaced in a new generation).
 """
 
 from __future__ import annotations
@@ -37,17 +39,19 @@ async def aioelastic(*args: str | Path, env: dict[str, str] | None = None) -> tu
     return done.returncode, (done.stdout.decode() + done.stderr.decode())
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[LoggedEvent], dict[str, Any]]:
-    """Run the job once; its event log and its `report --json` object."""
+@pytest.fixture(scope="module", params=["restart", "in-place"])
+def job(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[list[LoggedEvent], dict[str, Any]]:
+    """Run the job once per recovery mode; its event log and its `report --json` object."""
     tmp = tmp_path_factory.mktemp("goodput")
     events = tmp / "events.jsonl"
 
     async def run() -> tuple[list[LoggedEvent], dict[str, Any]]:
         code, output = await aioelastic(
             "run", "--standalone", "--nproc-per-node", "3", "--max-restarts", "1",
-            "--events-file", events, EXAMPLE, tmp / "ckpt", "--crash-at", "25",
-            "--slow-rank", "2",
+            "--recovery", request.param, "--events-file", events, EXAMPLE, tmp / "ckpt",
+            "--crash-at", "25", "--slow-rank", "2",
             env={"AIOELASTIC_STRAGGLER_WINDOW": WINDOW},
         )  # fmt: skip
         assert code == 0, output
@@ -75,13 +79,20 @@ def test_the_categories_add_up_to_the_wall_time(
 def test_the_recovery_runs_from_the_kill_to_the_first_step_after_the_restart(
     job: tuple[list[LoggedEvent], dict[str, Any]],
 ) -> None:
-    """The one recovery is rank 1's SIGKILL, from its failure to the restarted job's first step."""
+    """The one recovery is rank 1's SIGKILL, from its failure to the first step of the job's
+    next life (the restarted group, or the next generation)."""
     events, report = job
     (failed,) = [e.data["failure"] for e in events if e.kind == "WorkerFailed"]
     assert (failed["rank"], failed["returncode"]) == (1, -9)
+    lives = {
+        (e.data["restart_count"], e.data["generation"]) for e in events if e.kind == "StepsMarked"
+    }
+    assert len(lives) == 2
     first_marks: dict[int, float] = {}
     for e in events:
-        if e.kind == "StepsMarked" and e.data["restart_count"] == 1:
+        if e.kind == "StepsMarked" and (e.data["restart_count"], e.data["generation"]) == max(
+            lives
+        ):
             rank = e.data["rank"]
             first_marks[rank] = min(first_marks.get(rank, e.data["times"][0]), *e.data["times"])
     resumed = max(first_marks.values())  # the job's first step: when its last rank began it
