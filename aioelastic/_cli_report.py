@@ -92,7 +92,7 @@ def report_command(args: argparse.Namespace) -> int:
 
 def format_report(report: GoodputReport) -> str:
     """The human form of the report."""
-    from aioelastic.events._goodput import BADPUT, PRODUCTIVE
+    from aioelastic.events._goodput import PRODUCTIVE
 
     wall = report.wall_seconds
     lines = [f"wall time {wall:.2f} s, {report.steps_marked} step marks"]
@@ -101,7 +101,6 @@ def format_report(report: GoodputReport) -> str:
     lines.append(f"  {'goodput':<11} {report.goodput:>7.1%}  {report.seconds(PRODUCTIVE):>9.2f} s")
     for cause, share in report.badput.items():
         lines.append(f"  {cause:<11} {share:>7.1%}  {report.seconds(cause):>9.2f} s")
-    assert len(report.badput) == len(BADPUT)
     for recovery in report.recoveries:
         who = "" if recovery.rank is None else f" rank {recovery.rank}"
         resumed = "never resumed" if recovery.resumed_at is None else "to the next step"

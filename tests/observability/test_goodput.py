@@ -362,3 +362,15 @@ def test_a_file_that_is_no_event_log_is_a_one_line_error(tmp_path: Path) -> None
     assert code == 2
     assert err.startswith(f"aioelastic report: error: {bad}:1: not JSON")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_straggler_factor_not_over_one_is_a_one_line_error(tmp_path: Path) -> None:
+    """`--straggler-factor 0.5` would name every rank: refused, saying what it must be."""
+    log = tmp_path / "events.jsonl"
+    log.write_text('{"time": 1, "node": "a", "source": "agent", "kind": "X", "event": {}}\n')
+    code, _, err = run_report(log, "--straggler-factor", "0.5")
+    assert code == 2
+    assert err.strip() == (
+        "aioelastic report: error: the straggler factor must be > 1 (1/0.75 flags a rank 33% "
+        "slower than the fastest), got 0.5"
+    )
