@@ -259,6 +259,7 @@ def _from_env() -> StepMarks:
         return StepMarks(None, restart_count=restart_count)
     try:
         sock = socket.socket(fileno=int(raw))
+        sock.set_inheritable(False)
     except (ValueError, OSError):
         return StepMarks(None, restart_count=restart_count)  # not ours (copied environment)
     return StepMarks(_socket_sender(sock), restart_count=restart_count)

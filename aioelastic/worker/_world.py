@@ -323,6 +323,7 @@ def _say_hello() -> Link | None:
     global _LINK
     if _LINK is None:
         _LINK = Link.from_env()
+    marks()  # claims the step-marks socket: a child started from now on is not linked
     if _LINK is not None:
         _LINK.send(Hello(os.getpid()))
     return _LINK
