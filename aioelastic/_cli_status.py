@@ -75,7 +75,7 @@ def status_command(args: argparse.Namespace) -> int:
     from aioelastic.agent._status import format_learned, format_stacks, format_timers
     from aioelastic.events import to_data
     from aioelastic.rendezvous import RendezvousError
-    from aioelastic.rendezvous._status import format_status
+    from aioelastic.rendezvous._status import format_status, job_stragglers
 
     if args.rdzv_endpoint is None and args.timers is None:
         print(
@@ -99,6 +99,7 @@ def status_command(args: argparse.Namespace) -> int:
                 args.timeout,
             )
             report.update(to_data(status))
+            report["stragglers"] = {str(r): v for r, v in job_stragglers(status.step_times).items()}
             texts.append(format_status(status))
             if args.stacks:
                 stacks = anyio.run(
@@ -155,7 +156,7 @@ async def fetch_status(
     backend: str, endpoint: str, run_id: str, conf: dict[str, str], timeout: float
 ) -> RunStatus:
     """Read run ``run_id``'s rendezvous keys from its store and decode them."""
-    from aioelastic.agent._status import read_generations
+    from aioelastic.agent._status import read_generations, read_step_times
     from aioelastic.rendezvous import RendezvousConnectionError
     from aioelastic.rendezvous import _layout as layout
     from aioelastic.rendezvous._status import read_status
@@ -170,7 +171,8 @@ async def fetch_status(
             raise RendezvousConnectionError(f"reading run {run_id!r} failed: {error}") from error
     status = read_status(run_id, snapshot.items, ttl_left)
     generations = read_generations(snapshot.items, status.round)
-    return dataclasses.replace(status, generations=generations)
+    steps = read_step_times(snapshot.items, status.round)
+    return dataclasses.replace(status, generations=generations, step_times=steps)
 
 
 async def fetch_stacks(

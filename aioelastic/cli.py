@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = (
     "aioelastic.agent._cli",
     "aioelastic._cli_status",
     "aioelastic._cli_timeline",
+    "aioelastic._cli_report",
 )
 
 

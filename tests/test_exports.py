@@ -37,9 +37,10 @@ PUBLIC = {
     },
     "aioelastic.events": {
         "Emitter", "EventLogError", "EventRecord", "EventStream", "EventStreamStatistics",
-        "JsonLinesWriter", "LoggedEvent", "LoggingSubscriber", "RendezvousWaiting", "Subscriber",
-        "WARNING_KINDS", "WarningEvent", "decode_line", "encode_record", "observe",
-        "read_event_log", "to_data", "watch_rendezvous",
+        "GoodputReport", "JsonLinesWriter", "LoggedEvent", "LoggingSubscriber",
+        "RendezvousWaiting", "Subscriber", "WARNING_KINDS", "WarningEvent", "decode_line",
+        "encode_record", "goodput_report", "observe", "read_event_log", "to_data",
+        "watch_rendezvous",
     },
     "aioelastic.metrics": {
         "DURATION_BUCKETS", "MetricsPortError", "MetricsUnavailableError", "PrometheusMetrics",

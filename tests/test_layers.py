@@ -35,9 +35,10 @@ PARTS = {
     "agent": ("aioelastic.agent",),
     "testing": ("aioelastic.testing",),
     "progress": ("aioelastic._progress",),
-    "views": ("aioelastic.metrics", "aioelastic.events._timeline"),
+    "views": ("aioelastic.metrics", "aioelastic.events._timeline", "aioelastic.events._goodput"),
     "launcher": (
         "aioelastic.__main__",
+        "aioelastic._cli_report",
         "aioelastic._cli_status",
         "aioelastic._cli_timeline",
         "aioelastic._observe",
@@ -63,6 +64,7 @@ LAYERS = (
 LAZY_RE_EXPORTS = {
     ("aioelastic.events", "aioelastic._observe"),
     ("aioelastic.events", "aioelastic._progress"),
+    ("aioelastic.events", "aioelastic.events._goodput"),
 }
 """(module, imported module) pairs allowed to reach up: imported on first attribute access."""
 

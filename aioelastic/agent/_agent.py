@@ -60,6 +60,9 @@ from aioelastic.agent._events import (
     RunState,
     ShutdownRequested,
     StacksCaptured,
+    StepsMarked,
+    StepTimes,
+    StragglerDetected,
     TimeoutsLearnedIn,
 )
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup
@@ -74,6 +77,8 @@ from aioelastic.agent._recovery import (
 )
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
+from aioelastic.agent._status import encode_step_times, step_times_key
+from aioelastic.agent._stragglers import ScoredWindow, StragglerSettings, StragglerWatch
 from aioelastic.agent._timeouts import agent_timeouts, check_timeouts
 from aioelastic.agent._worker_store import WorkerStore
 from aioelastic.rendezvous import (
@@ -124,8 +129,14 @@ class ElasticAgent(Service):
         stderr: IO[bytes] | None = None,
         on_watchdog_event: Callable[[TimerEvent], None] | None = None,
         guardian: Guardian | None = None,
+        stragglers: StragglerSettings | None = None,
     ) -> None:
         self.spec = spec
+        self._stragglers = StragglerWatch(stragglers or StragglerSettings.from_env())
+        self._straggling: frozenset[int] = frozenset()
+        self.step_times: StepTimes | None = None
+        """The last straggler window this node's workers' step marks closed."""
+        self._step_times_changed: anyio.Event | None = None
         self._on_watchdog_event = on_watchdog_event
         self._subscribers: Subscribers[AgentEvent] = Subscribers(logger, "agent event", on_event)
         self._shutdown_signals = tuple(shutdown_signals)
@@ -239,6 +250,8 @@ class ElasticAgent(Service):
                     self.spec.rdzv_handler, expose=self.spec.torch_store == "expose"
                 )
                 await tg.start(self._worker_store.serve)
+                self._step_times_changed = anyio.Event()
+                tg.start_soon(self._show_step_times)
                 task_status.started()
                 with anyio.CancelScope() as self._main_scope:
                     if self._stop_signal is None:
@@ -622,6 +635,47 @@ class ElasticAgent(Service):
 
     def _emit(self, event: AgentEvent) -> None:
         self._subscribers.emit(event)  # a broken subscriber must not take the workers down
+        if isinstance(event, StepsMarked):
+            life = (event.restart_count, event.generation)
+            for window in self._stragglers.feed(
+                life, event.rank, event.steps, event.times, event.done
+            ):
+                self._scored(window)
+
+    async def _show_step_times(self) -> None:
+        """Keep this node's last straggler window in the round's store (``aioelastic status``
+        reads it)."""
+        while True:
+            assert self._step_times_changed is not None
+            await self._step_times_changed.wait()
+            self._step_times_changed = anyio.Event()
+            times, store, info = self.step_times, self._round_store, self._info
+            if times is None or store is None or info is None:
+                continue
+            medians = {r.rank: r.median for r in times.ranks}
+            value = encode_step_times(times.end, medians, times.factor)
+            try:
+                await store.set(step_times_key(info.rank), value)
+            except StoreError as exc:  # the status display is not worth failing a job
+                logger.info("could not show the step times in the store: %s", exc)
+
+    def _scored(self, window: ScoredWindow) -> None:
+        """Report a closed straggler window, and each rank that became a straggler in it (a rank
+        stays one until a window compares it with others and does not name it)."""
+        factor = self._stragglers.settings.factor
+        times = StepTimes(window.start, window.end, window.ranks, window.stragglers, factor)
+        self.step_times = times
+        if self._step_times_changed is not None:
+            self._step_times_changed.set()
+        self._emit(times)
+        fastest = min((r.median for r in window.ranks), default=0.0)
+        for ranked in window.ranks:
+            if ranked.rank in window.stragglers and ranked.rank not in self._straggling:
+                self._emit(
+                    StragglerDetected(ranked.rank, ranked.score, ranked.median, fastest, window.end)
+                )
+        compared = {r.rank for r in window.ranks} if len(window.ranks) > 1 else set()
+        self._straggling = (self._straggling - compared) | set(window.stragglers)
 
 
 def _joined(

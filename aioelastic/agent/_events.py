@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from aioelastic._subscribers import WarningEvent
 from aioelastic.agent._generations import EvictCause
 from aioelastic.agent._report import HangReport, WorkerFailure
+from aioelastic.agent._stragglers import RankStepTime
 
 
 class RunState(enum.StrEnum):
@@ -229,6 +230,50 @@ class SpareStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class StepsMarked:
+    """A batch of one worker's step marks (``world.step(n)``; Unix times, this host's clock).
+
+    ``times[i]`` is when step ``steps[i]`` began; ``done`` holds ``(step, time)`` where the rank
+    finished its own work of a step (``world.work_done()``), ``saves`` the ``(start, end)`` of
+    each checkpoint save it marked (``world.saving_checkpoint()``). ``aioelastic report`` reads
+    these.
+    """
+
+    rank: int
+    pid: int
+    restart_count: int
+    generation: int
+    steps: tuple[int, ...]
+    times: tuple[float, ...]
+    done: tuple[tuple[int, float], ...] = ()
+    saves: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """A straggler window closed: each scored rank's median step time and score (the fastest
+    rank's median over its own), and the ranks slower than ``factor`` times the fastest."""
+
+    start: float
+    end: float
+    ranks: tuple[RankStepTime, ...]
+    stragglers: tuple[int, ...]
+    factor: float
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerDetected(WarningEvent):
+    """A rank became a straggler: its median step time in the window ending at ``window_end``
+    is ``median`` seconds, ``1 / score`` times the fastest rank's ``fastest``."""
+
+    rank: int
+    score: float
+    median: float
+    fastest: float
+    window_end: float
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     """The run ended; ``result`` is what :meth:`ElasticAgent.run` returns."""
 
@@ -256,6 +301,9 @@ AgentEvent = (
     | CollectivesAborted
     | WorkerRestartedToLeave
     | SpareStarted
+    | StepsMarked
+    | StepTimes
+    | StragglerDetected
     | RunFinished
     | LogDirectoryCreated
 )

@@ -11,9 +11,11 @@ the workers that ended on their own before the stop, or that the watchdog reaped
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -30,6 +32,7 @@ from aioelastic.agent._devices import numa_bound_argv, virtual_local_rank_env
 from aioelastic.agent._env import RoundInfo, WorkerRanks, worker_env
 from aioelastic.agent._events import (
     AgentEvent,
+    StepsMarked,
     WorkerFailed,
     WorkerReaped,
     WorkersStarted,
@@ -48,8 +51,11 @@ from aioelastic.agent._logs import (
 from aioelastic.agent._process import WorkerProcess
 from aioelastic.agent._report import HangReport, WorkerFailure, read_error_file, signal_name
 from aioelastic.agent._spec import WorkerSpec
+from aioelastic.worker._steps import MAX_BATCH, STEPS_FD_ENV, StepMarksError, decode_batch
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 PUMP_DRAIN_TIMEOUT = 5.0
 """How long output pumps may keep reading after their workers were reaped (an escaped
@@ -291,6 +297,9 @@ class WorkerGroup:
         if laid_out is not None:
             env.update(laid_out.env)  # what the LogsSpecs's reify set, as under torchrun
         env.update(extra_env or {})
+        steps, their_steps = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env[STEPS_FD_ENV] = str(their_steps.fileno())
+        pass_fds = (*pass_fds, their_steps.fileno())
         argv = spec.argv
         if spec.virtual_local_rank:
             cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -320,9 +329,16 @@ class WorkerGroup:
                 guardian=self._guardian,
                 pass_fds=pass_fds,
             )
+        except BaseException:
+            steps.close()
+            raise
         finally:
             out.after_spawn()
             err.after_spawn()
+            their_steps.close()
+        steps_scope = anyio.CancelScope(shield=True)  # bounded like the pumps
+        self._pump_scopes.append(steps_scope)
+        pumps.start_soon(self._read_steps, process.pid, steps, steps_scope)
         for stream in (out, err):
             if stream.pump is not None:
                 # Shielded: a stopping run keeps relaying (not breaking) its workers' output
@@ -367,6 +383,39 @@ class WorkerGroup:
             )
         assert self._copies is not None
         return self._copies
+
+    async def _read_steps(self, pid: int, sock: socket.socket, scope: anyio.CancelScope) -> None:
+        """Report each batch of step marks worker ``pid`` sends (``aioelastic/worker/_steps.py``)
+        until its end closes; a datagram of another protocol ends the reading."""
+        sock.setblocking(False)
+        with scope, sock:
+            while True:
+                await anyio.wait_readable(sock)
+                try:
+                    data = sock.recv(MAX_BATCH + 1)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return  # the worker (and whatever inherited its end) exited
+                try:
+                    batch = decode_batch(data)
+                except StepMarksError as exc:
+                    logger.warning("worker %d: %s; ignoring its step marks from now on", pid, exc)
+                    return
+                self._emit(
+                    StepsMarked(
+                        batch.rank,
+                        pid,
+                        batch.restart_count,
+                        batch.generation,
+                        batch.steps,
+                        batch.times,
+                        batch.done,
+                        batch.saves,
+                    )
+                )
 
     @staticmethod
     async def _relay(pump: StreamPump, scope: anyio.CancelScope) -> None:

@@ -14,7 +14,47 @@ from typing import Any
 from aioelastic.agent._generations import GENERATION_PREFIX
 from aioelastic.agent._stack_requests import RankStack
 from aioelastic.agent._stacks import diagnose
-from aioelastic.rendezvous._status import GenerationStatus, under
+from aioelastic.rendezvous._status import GenerationStatus, StepTimesStatus, under
+
+STEP_TIMES_PREFIX = "aioelastic/agent/steps/"
+"""In a round's store, where each node shows its last straggler window (``aioelastic status``)."""
+
+
+def step_times_key(group_rank: int) -> str:
+    """Where the node of ``group_rank`` shows its last straggler window."""
+    return f"{STEP_TIMES_PREFIX}{group_rank}"
+
+
+def encode_step_times(window_end: float, medians: Mapping[int, float], factor: float) -> bytes:
+    """What a node shows of its last straggler window: its ranks' median step times."""
+    return json.dumps(
+        {
+            "window_end": window_end,
+            "medians": {str(r): m for r, m in medians.items()},
+            "factor": factor,
+        }
+    ).encode()
+
+
+def read_step_times(items: Mapping[str, bytes], round_: int) -> tuple[StepTimesStatus, ...]:
+    """The straggler windows the nodes of round ``round_`` showed (keys as for
+    ``read_status``)."""
+    found = []
+    for key, value in sorted(under(items, f"store/{round_}/{STEP_TIMES_PREFIX}").items()):
+        try:
+            data = json.loads(value)
+            medians = {int(r): float(m) for r, m in data["medians"].items()}
+            found.append(
+                StepTimesStatus(
+                    int(key.rsplit("/", 1)[1]),
+                    float(data["window_end"]),
+                    medians,
+                    float(data["factor"]),
+                )
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # not ours, or another version's: status shows what it can read
+    return tuple(found)
 
 
 def read_generations(items: Mapping[str, bytes], round_: int) -> tuple[GenerationStatus, ...]:

@@ -8,7 +8,9 @@ Prometheus metrics of ``aioelastic.metrics``, or a test.
 
 This package sits below the parts it observes: importing it loads none of them. ``observe``
 (which wires a job's components to the subscribers) and ``watch_rendezvous`` (which polls a
-rendezvous handler) live in the launcher layer above; they are re-exported here lazily.
+rendezvous handler) live in the launcher layer above, ``goodput_report`` (what ``aioelastic
+report`` prints: goodput, badput by cause, stragglers) in the views above the parts; they are
+re-exported here lazily.
 """
 
 from typing import TYPE_CHECKING
@@ -39,6 +41,7 @@ __all__ = [
     "EventRecord",
     "EventStream",
     "EventStreamStatistics",
+    "GoodputReport",
     "JsonLinesWriter",
     "LoggedEvent",
     "LoggingSubscriber",
@@ -47,6 +50,7 @@ __all__ = [
     "WarningEvent",
     "decode_line",
     "encode_record",
+    "goodput_report",
     "observe",
     "read_event_log",
     "to_data",
@@ -56,11 +60,14 @@ __all__ = [
 if TYPE_CHECKING:
     from aioelastic._observe import observe
     from aioelastic._progress import RendezvousWaiting, watch_rendezvous
+    from aioelastic.events._goodput import GoodputReport, goodput_report
 
 _LAZY = {
     "observe": "aioelastic._observe",
     "RendezvousWaiting": "aioelastic._progress",
     "watch_rendezvous": "aioelastic._progress",
+    "GoodputReport": "aioelastic.events._goodput",
+    "goodput_report": "aioelastic.events._goodput",
 }
 """Names re-exported from the launcher layer, imported on first use (not by ``import``)."""
 

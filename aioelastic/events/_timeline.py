@@ -5,8 +5,11 @@ per node (rendezvous waits, restarts, membership changes, the end of the run) an
 worker rank (its lifetimes, failures and watchdog reaps). Under in-place recovery the node lane
 marks each generation (assigned, formed) and a rank's lane starts a new life where a spare or
 a new process took it. It does no I/O and reads no clock;
-times are seconds since the first record. :func:`render_timeline` draws it with matplotlib
-(the optional extra ``aioelastic[timeline]``).
+times are seconds since the first record. Where workers marked their steps (``world.step``), a
+``goodput`` lane on top shows what each stretch of the job's time went to (productive, start-up,
+recovery, re-done, checkpoint, idle, other: ``_goodput.py``), labelled with each generation's
+goodput, and a straggler mark shows where a rank was first named one. :func:`render_timeline`
+draws it with matplotlib (the optional extra ``aioelastic[timeline]``).
 
 Records read back from a log carry their kind as the event class's name; this module names each
 kind through its class, so it knows every part's events and sits above them (``import
@@ -30,12 +33,15 @@ from aioelastic.agent._events import (
     RunFinished,
     ShutdownRequested,
     SpareStarted,
+    StepsMarked,
+    StragglerDetected,
     WorkerFailed,
     WorkerReaped,
     WorkersStarted,
     WorkersStopped,
     WorkerSucceeded,
 )
+from aioelastic.events._goodput import goodput_report
 from aioelastic.events._jsonl import LoggedEvent
 from aioelastic.rendezvous._info import NodeLost, RoundCompleted, RoundInvalidated, RoundJoining
 from aioelastic.timer._events import TimerReaped
@@ -59,10 +65,11 @@ class Span:
     start: float
     end: float
     kind: str
-    """``rendezvous`` or ``worker``."""
+    """``rendezvous``, ``worker`` or ``goodput``."""
     label: str
     outcome: str = ""
-    """For workers: ``succeeded``, ``failed``, ``stopped`` or ``running`` (log ended)."""
+    """For workers: ``succeeded``, ``failed``, ``stopped`` or ``running`` (log ended); for
+    goodput: the band's category."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +173,11 @@ class _Builder:
             self.marks.append(Mark(node_lane, when, "formed", label))
         elif kind == RecoveryFellBack.__name__:
             self.marks.append(Mark(node_lane, when, "restart", "in-place recovery fell back"))
+        elif kind == StragglerDetected.__name__:
+            lane = self.lane(f"rank {data.get('rank', '?')} ({node})")
+            score = data.get("score")
+            shown = f" (score {score:.2f})" if isinstance(score, float) else ""
+            self.marks.append(Mark(lane, when, "straggler", f"straggler{shown}"))
         elif kind == ShutdownRequested.__name__:
             self.marks.append(Mark(node_lane, when, "shutdown", f"signal {data.get('signal')}"))
         elif kind == RunFinished.__name__:
@@ -204,7 +216,36 @@ def build_timeline(events: Iterable[LoggedEvent]) -> Timeline:
         builder.spans.append(Span(node, start, end, "rendezvous", "waiting (log ended)"))
     nodes = [lane for lane in builder.lanes if not lane.startswith("rank ")]
     ranks = sorted((lane for lane in builder.lanes if lane.startswith("rank ")), key=_rank_order)
+    if any(event.kind == StepsMarked.__name__ for event in ordered):
+        nodes.insert(0, GOODPUT_LANE)
+        _add_goodput(builder, ordered)
     return Timeline(tuple(nodes + ranks), tuple(builder.spans), tuple(builder.marks), end)
+
+
+GOODPUT_LANE = "goodput"
+
+
+def _add_goodput(builder: _Builder, events: list[LoggedEvent]) -> None:
+    """The goodput lane: a span per band, a label per generation with its goodput."""
+    report = goodput_report(events)
+    origin = builder.origin
+    for band in report.bands:
+        builder.spans.append(
+            Span(
+                GOODPUT_LANE,
+                band.start - origin,
+                band.end - origin,
+                "goodput",
+                band.category,
+                band.category,
+            )
+        )
+    lives = report.lives()
+    restart_mode = all(life["generation"] == life["restart_count"] + 1 for life in lives)
+    for life in lives:
+        name = f"restart {life['restart_count']}" if restart_mode else f"gen {life['generation']}"
+        label = f"{name}: {life['goodput']:.0%} goodput"
+        builder.marks.append(Mark(GOODPUT_LANE, life["start"] - origin, "life", label))
 
 
 def _rank_order(lane: str) -> tuple[int, str]:
@@ -219,6 +260,16 @@ SPAN_COLORS = {
     "stopped": "#adb5bd",
     "running": "#90be6d",
 }
+BAND_COLORS = {
+    "productive": "#38b000",
+    "startup": "#3a0ca3",
+    "recovery": "#d00000",
+    "redone": "#ff9f1c",
+    "checkpoint": "#b5179e",
+    "idle": "#ffd60a",
+    "other": "#6c757d",
+}
+"""The goodput lane's colours, by category."""
 MARK_STYLES = {
     "failed": ("X", "#d62828"),
     "reaped": ("v", "#f77f00"),
@@ -229,6 +280,8 @@ MARK_STYLES = {
     "generation": ("^", "#2a9d8f"),
     "formed": ("o", "#2a9d8f"),
     "spare": ("P", "#90be6d"),
+    "straggler": ("<", "#9d0208"),
+    "life": ("|", "#000000"),
 }
 
 
@@ -262,7 +315,10 @@ def render_timeline(timeline: Timeline, path: str, *, title: str = "aioelastic r
     rows = {lane: index for index, lane in enumerate(timeline.lanes)}
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 2))
     for span in timeline.spans:
-        color = SPAN_COLORS["rendezvous" if span.kind == "rendezvous" else span.outcome]
+        if span.kind == "goodput":
+            color = BAND_COLORS.get(span.outcome, BAND_COLORS["other"])
+        else:
+            color = SPAN_COLORS["rendezvous" if span.kind == "rendezvous" else span.outcome]
         width = max(span.end - span.start, timeline.duration / 500 or 0.001)
         ax.barh(rows[span.lane], width, left=span.start, height=0.6, color=color)
     for mark, raise_by in _label_offsets(timeline):
@@ -285,6 +341,12 @@ def render_timeline(timeline: Timeline, path: str, *, title: str = "aioelastic r
         Patch(color=SPAN_COLORS["succeeded"], label="worker: succeeded"),
         Patch(color=SPAN_COLORS["failed"], label="worker: failed"),
         Patch(color=SPAN_COLORS["stopped"], label="worker: stopped"),
+    ]
+    shown = {span.outcome for span in timeline.spans if span.kind == "goodput"}
+    handles += [
+        Patch(color=color, label="goodput" if category == "productive" else f"badput: {category}")
+        for category, color in BAND_COLORS.items()
+        if category in shown
     ]
     handles += [
         Line2D([], [], marker=marker, color=color, linestyle="", label=kind)

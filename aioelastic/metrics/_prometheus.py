@@ -21,6 +21,7 @@ from aioelastic.agent._events import (
     MembershipChanged,
     RendezvousCompleted,
     RendezvousJoining,
+    StepTimes,
     TimeoutsLearnedIn,
     WorkerFailed,
     WorkerReaped,
@@ -78,8 +79,10 @@ class PrometheusMetrics:
     ``aioelastic_world_size``, ``aioelastic_rendezvous_waiting_nodes`` (nodes joined while this
     one waits, from ``RendezvousWaiting`` reports, or :meth:`set_waiting_nodes`),
     ``aioelastic_active_timers`` (timer events seen), ``aioelastic_learned_timeout_seconds``
-    (by scope, read from the learned-timeouts directories at each scrape) and
-    ``aioelastic_events_total`` by source and kind.
+    (by scope, read from the learned-timeouts directories at each scrape),
+    ``aioelastic_rank_step_seconds`` and ``aioelastic_rank_straggler_score`` (by rank: the
+    median step time and score of the last straggler window), ``aioelastic_stragglers`` (the
+    ranks that window named) and ``aioelastic_events_total`` by source and kind.
     """
 
     def __init__(
@@ -128,6 +131,21 @@ class PrometheusMetrics:
             'The limit expires(after="auto") gives each scope now',
             ["scope"],
             registry=reg,
+        )
+        self.rank_step_seconds = prom.Gauge(
+            "aioelastic_rank_step_seconds",
+            "A rank's median step time in the last straggler window (from world.step marks)",
+            ["rank"],
+            registry=reg,
+        )
+        self.rank_scores = prom.Gauge(
+            "aioelastic_rank_straggler_score",
+            "The fastest rank's median step time over this rank's (under 1/factor: a straggler)",
+            ["rank"],
+            registry=reg,
+        )
+        self.stragglers = prom.Gauge(
+            "aioelastic_stragglers", "Ranks the last straggler window named", registry=reg
         )
         self._waiting_since = start
         self._timers: dict[tuple[int, str], float] = {}  # (pid, scope) -> monotonic deadline
@@ -201,6 +219,11 @@ class PrometheusMetrics:
             case TimeoutsLearnedIn():
                 if event.directory not in self._learned_dirs:
                     self._learned_dirs.append(event.directory)
+            case StepTimes():
+                for ranked in event.ranks:
+                    self.rank_step_seconds.labels(str(ranked.rank)).set(ranked.median)
+                    self.rank_scores.labels(str(ranked.rank)).set(ranked.score)
+                self.stragglers.set(len(event.stragglers))
             case ProcessExited():
                 self._timers = {k: d for k, d in self._timers.items() if k[0] != event.pid}
         if isinstance(event, WAIT_STARTS):

@@ -43,6 +43,28 @@ class GenerationStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class StepTimesStatus:
+    """A node's last straggler window (from its workers' ``world.step`` marks): each of its
+    ranks' median step time in seconds, and the factor a straggler is slower by."""
+
+    group_rank: int
+    window_end: float
+    medians: Mapping[int, float]
+    factor: float
+
+
+def job_stragglers(step_times: Sequence[StepTimesStatus]) -> dict[int, float]:
+    """The ranks of every node slower than the factor times the fastest rank of the job, with
+    their score (the fastest median over theirs)."""
+    medians = {rank: m for node in step_times for rank, m in node.medians.items() if m > 0}
+    if len(medians) < 2:
+        return {}
+    fastest = min(medians.values())
+    factor = max(node.factor for node in step_times)
+    return {r: fastest / m for r, m in sorted(medians.items()) if m > factor * fastest}
+
+
+@dataclass(frozen=True, slots=True)
 class RunStatus:
     """The rendezvous state of one run."""
 
@@ -58,6 +80,8 @@ class RunStatus:
     """Node ids handed out so far (every handler that ever entered)."""
     generations: tuple[GenerationStatus, ...] = ()
     """Nodes running ``--recovery in-place``: their world's generation and spares."""
+    step_times: tuple[StepTimesStatus, ...] = ()
+    """Nodes whose workers mark their steps: their last straggler window."""
 
 
 def read_status(
@@ -145,9 +169,23 @@ def format_status(status: RunStatus) -> str:
             f"world size {len(world.pids)}, pids {' '.join(map(str, world.pids))}; "
             f"spares ready: {spares}"
         )
+    lines += _format_step_times(status.step_times)
     if not status.round and not status.waiting:
         lines.append("  no node has joined this run yet (check --rdzv-id)")
     return "\n".join(lines)
+
+
+def _format_step_times(step_times: Sequence[StepTimesStatus]) -> list[str]:
+    """Each rank's median step time (the last window of its node), and the stragglers."""
+    medians = sorted((r, m) for node in step_times for r, m in node.medians.items())
+    if not medians:
+        return []
+    shown = ", ".join(f"{rank}: {median * 1000:.1f}" for rank, median in medians)
+    lines = [f"  median step time (ms) by rank, last window: {shown}"]
+    stragglers = job_stragglers(step_times)
+    named = ", ".join(f"rank {r} (score {score:.2f})" for r, score in stragglers.items())
+    lines.append(f"  stragglers: {named or 'none'}")
+    return lines
 
 
 def _heartbeat(node: NodeStatus) -> str:

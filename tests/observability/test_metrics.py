@@ -13,8 +13,10 @@ from aioelastic.agent._events import (
     GroupRestarting,
     MembershipChanged,
     RendezvousCompleted,
+    StepTimes,
     WorkerReaped,
 )
+from aioelastic.agent._stragglers import RankStepTime
 from aioelastic.events import EventRecord, RendezvousWaiting, observe, read_event_log
 from aioelastic.metrics import (
     MetricsPortError,
@@ -41,6 +43,18 @@ def feed(metrics: PrometheusMetrics, *timed_events: tuple[float, object]) -> Non
 
 def value(metrics: PrometheusMetrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
+
+
+def test_a_straggler_window_sets_each_ranks_step_time_and_the_straggler_count() -> None:
+    """``StepTimes`` sets the per-rank median and score and how many ranks straggle."""
+    metrics = PrometheusMetrics()
+    ranks = (RankStepTime(0, 0.1, 1.0, 9), RankStepTime(3, 0.3, 1 / 3, 4))
+    feed(metrics, (1.0, StepTimes(0.0, 60.0, ranks, (3,), 1 / 0.75)))
+    assert value(metrics, "aioelastic_rank_step_seconds", rank="3") == 0.3
+    assert value(metrics, "aioelastic_rank_straggler_score", rank="0") == 1.0
+    assert value(metrics, "aioelastic_stragglers") == 1
+    feed(metrics, (2.0, StepTimes(60.0, 120.0, ranks[:1], (), 1 / 0.75)))
+    assert value(metrics, "aioelastic_stragglers") == 0
 
 
 def test_agent_events_drive_counters_gauges_and_the_duration_histogram() -> None:

@@ -15,12 +15,23 @@ from aioelastic._cli_status import fetch_status
 from aioelastic.agent._report import StackRecord
 from aioelastic.agent._stack_requests import RankStack, decode_answer, encode_answer
 from aioelastic.agent._stacks import Place
-from aioelastic.agent._status import format_learned, format_stacks
+from aioelastic.agent._status import (
+    encode_step_times,
+    format_learned,
+    format_stacks,
+    read_step_times,
+)
 from aioelastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
 from aioelastic.rendezvous._layout import encode_alive
 from aioelastic.rendezvous._parameters import ElasticSettings
-from aioelastic.rendezvous._status import NodeStatus, RunStatus, format_status, read_status
+from aioelastic.rendezvous._status import (
+    NodeStatus,
+    RunStatus,
+    format_status,
+    job_stragglers,
+    read_status,
+)
 from aioelastic.store import TCPStoreServer
 from aioelastic.testing import ManualClock, RendezvousCluster
 
@@ -249,3 +260,32 @@ def test_stack_answers_group_into_one_table() -> None:
         "     2     1      102  stuck in data.py:88 load",
         "                       b:/s/rank2.txt",
     ]
+
+
+def test_each_nodes_step_times_read_back_and_name_the_jobs_stragglers() -> None:
+    """Nodes show their ranks' median step times; status scores them job-wide and names the
+    ranks slower than the factor times the fastest rank of any node."""
+    items = {
+        "store/3/aioelastic/agent/steps/0": encode_step_times(10.0, {0: 0.1, 1: 0.11}, 1 / 0.75),
+        "store/3/aioelastic/agent/steps/1": encode_step_times(10.5, {2: 0.3, 3: 0.1}, 1 / 0.75),
+        "store/3/aioelastic/agent/steps/2": b"not json",
+        "store/2/aioelastic/agent/steps/0": encode_step_times(1.0, {0: 9.0}, 1 / 0.75),
+    }
+    steps = read_step_times(items, 3)
+    assert [(s.group_rank, dict(s.medians)) for s in steps] == [
+        (0, {0: 0.1, 1: 0.11}),
+        (1, {2: 0.3, 3: 0.1}),
+    ]
+    assert job_stragglers(steps) == {2: pytest.approx(1 / 3)}
+    status = RunStatus("job", 3, False, (), (), {}, 2, step_times=steps)
+    lines = format_status(status).splitlines()
+    assert (
+        "median step time (ms) by rank, last window: 0: 100.0, 1: 110.0, 2: 300.0, 3: 100.0"
+        in (lines[1])
+    )
+    assert lines[2] == "  stragglers: rank 2 (score 0.33)"
+
+
+def test_without_step_marks_status_says_nothing_of_step_times() -> None:
+    """A run whose workers mark no step shows no step-time lines."""
+    assert "step time" not in format_status(RunStatus("job", 1, False, (), (), {}, 1))

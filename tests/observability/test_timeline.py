@@ -163,3 +163,53 @@ def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank() -> 
     assert ("a", "generation", "gen 2: rank 1 failed") in kinds
     assert ("a", "formed", "gen 2 formed 50 ms after the failure") in kinds
     assert ("rank 1 (a)", "spare", "spare pid 12 took the rank") in kinds
+
+
+def marked(
+    time: float, rank: int, steps: list[int], times: list[float], restart: int
+) -> LoggedEvent:
+    return ev(
+        time, "StepsMarked", rank=rank, pid=10 + rank, restart_count=restart,
+        generation=restart + 1, steps=steps, times=times, done=[], saves=[],
+    )  # fmt: skip
+
+
+STEPPED = [
+    *RUN[:2],
+    marked(100.9, 0, [0, 1], [100.6, 100.8], 0),
+    *RUN[2:8],
+    marked(101.9, 0, [1, 2], [101.7, 101.8], 1),
+    ev(101.95, "StragglerDetected", rank=0, score=0.5, median=0.2, fastest=0.1, window_end=1.0),
+    *RUN[8:],
+]
+
+
+def test_step_marks_add_a_goodput_lane_with_a_band_per_category() -> None:
+    """With step marks, a goodput lane on top tiles the run with bands; each generation is
+    labelled with its goodput; a straggler is marked on its rank's lane."""
+    timeline = build_timeline(STEPPED)
+    assert timeline.lanes[0] == "goodput"
+    bands = [s for s in timeline.spans if s.kind == "goodput"]
+    assert [s.outcome for s in bands] == [
+        "startup", "productive", "redone", "recovery", "redone", "productive", "other",
+    ]  # fmt: skip
+    assert bands[0].start == 0.0
+    assert bands[-1].end == pytest.approx(timeline.duration)
+    lives = [m.label for m in timeline.marks if m.kind == "life"]
+    assert lives == ["restart 0: 20% goodput", "restart 1: 12% goodput"]
+    assert Mark("rank 0 (a)", pytest.approx(1.95), "straggler", "straggler (score 0.50)") in (
+        timeline.marks
+    )
+
+
+def test_without_step_marks_there_is_no_goodput_lane() -> None:
+    """A log without step marks draws as before: no goodput lane."""
+    assert "goodput" not in build_timeline(RUN).lanes
+
+
+def test_the_goodput_lane_is_drawn(tmp_path: Path) -> None:
+    """A run with step marks renders to a PNG."""
+    pytest.importorskip("matplotlib", reason="needs the timeline extra (matplotlib)")
+    picture = tmp_path / "run.png"
+    render_timeline(build_timeline(STEPPED), str(picture))
+    assert picture.read_bytes()[:4] == b"\x89PNG"
