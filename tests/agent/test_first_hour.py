@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,29 @@ async def test_workers_get_every_variable_torchrun_gives_them(
         assert [(k, our[k]) for k in same] == [(k, their[k]) for k in same]
         for env in (their, our):
             assert str(uuid.UUID(env["TORCHELASTIC_RUN_ID"])) == env["TORCHELASTIC_RUN_ID"]
+
+
+@pytest.mark.parametrize("backend", ["c10d", "static"])
+async def test_a_busy_local_endpoint_is_one_line_saying_so(backend: str, tmp_path: Path) -> None:
+    """Another program listens on the local endpoint (it never answers): c10d, like static,
+    says the address is in use, in one line, without trying to reach a store there for 60 s."""
+    (tmp_path / "train.py").write_text("print('the worker ran')\n")
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        if backend == "c10d":
+            flags = ["--nnodes", "1:2", "--rdzv-backend", "c10d"]
+            flags += ["--rdzv-endpoint", f"127.0.0.1:{port}"]
+            why = " (by a program that did not answer as a rendezvous store within 5 s)"
+        else:
+            flags = ["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1"]
+            flags += ["--master-port", str(port)]
+            why = ""
+        status, out, err = await failed_launch(*flags, "train.py", cwd=tmp_path)
+    expected = (
+        f"aioelastic run: cannot serve the rendezvous store on 127.0.0.1:{port}: [Errno 98] "
+        f"error while attempting to bind on address ('127.0.0.1', {port}): address already in "
+        f"use{why}; free the port or choose another endpoint\n"
+    )
+    assert (status, out, err) == (1, "", expected)
