@@ -113,7 +113,7 @@ def test_the_handlers_and_the_agents_completions_make_one_span() -> None:
 
 def test_labels_of_one_incident_stack_and_do_not_repeat() -> None:
     """Marks of one lane at nearly one time raise their labels; a repeated label is not shown."""
-    from aioelastic.events._timeline import _label_offsets
+    from aioelastic.events._timeline import place_labels
 
     timeline = build_timeline(
         [
@@ -124,7 +124,7 @@ def test_labels_of_one_incident_stack_and_do_not_repeat() -> None:
             ev(10.0, "RunFinished", result={"state": "succeeded"}),
         ]
     )
-    offsets = [(mark.label, raise_by) for mark, raise_by in _label_offsets(timeline)]
+    offsets = [(place.mark.label, place.row) for place in place_labels(timeline)]
     assert offsets == [
         ("reported node 2 lost", 0),
         ("participant_lost", 1),
@@ -133,14 +133,21 @@ def test_labels_of_one_incident_stack_and_do_not_repeat() -> None:
     ]
 
 
-def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank() -> None:
-    """A spare takes rank 1: the rank's lane gets a second life; the node lane marks gen 2."""
+@pytest.mark.parametrize("failure_at", [101.0, 101.01], ids=["reported-first", "reported-after"])
+def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank(
+    failure_at: float,
+) -> None:
+    """A spare takes rank 1: the rank's lane gets a second life, the killed worker's drawn as
+    failed, whether its failure is logged before or (as the agent does) after the new
+    generation; the node lane marks gen 2."""
     run = [
         ev(100.0, "RendezvousCompleted", group_rank=0, group_world_size=1, world_size=2),
         ev(100.1, "SpareStarted", pid=12),
         ev(100.1, "WorkersStarted", restart_count=0, ranks=[0, 1], pids=[10, 11]),
         ev(
-            101.0, "WorkerFailed", failure={"local_rank": 1, "rank": 1, "pid": 11, "returncode": -9}
+            failure_at,
+            "WorkerFailed",
+            failure={"local_rank": 1, "rank": 1, "pid": 11, "returncode": -9},
         ),
         ev(
             101.0,
@@ -157,8 +164,11 @@ def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank() -> 
     ]
     timeline = build_timeline(run)
     assert timeline.lanes == ("a", "spares (a)", "rank 0 (a)", "rank 1 (a)")
-    rank1 = [(s.label, s.outcome) for s in timeline.spans if s.lane == "rank 1 (a)"]
-    assert rank1 == [("pid 11, restart 0", "failed"), ("pid 12, gen 2", "succeeded")]
+    rank1 = [(s.label, s.outcome, s.end) for s in timeline.spans if s.lane == "rank 1 (a)"]
+    assert rank1 == [
+        ("pid 11, restart 0", "failed", pytest.approx(1.0)),
+        ("pid 12, gen 2", "succeeded", pytest.approx(2.0)),
+    ]
     kinds = [(m.lane, m.kind, m.label) for m in timeline.marks]
     assert ("a", "generation", "gen 2: rank 1 failed") in kinds
     assert ("a", "formed", "gen 2 formed 50 ms after the failure") in kinds
