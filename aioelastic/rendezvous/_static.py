@@ -4,23 +4,34 @@ Rank 0 hosts the TCP store at the endpoint, the others connect (``token_file`` s
 for ``c10d``). Each node claims its rank,
 rank 0 publishes where the workers' own store will live (its address and a free port), and
 everyone waits until every rank has arrived, at most ``join_timeout`` (``timeout``) seconds.
+
+Rank 0 serves the store as it enters (a busy port fails at once); the others reach it in the
+background of their handler (a task of its own), so that a join waiting for rank 0 to come up
+is a join like any other: it emits :class:`RoundJoining` and :class:`RoundCompleted`, and
+``watch_rendezvous`` reports its progress every few seconds, saying what it still waits for
+(:attr:`StaticRendezvousHandler.waiting_for`, the ranks that arrived).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import secrets
-from contextlib import AsyncExitStack
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import dataclass
 from typing import Self
 
 import anyio
 
+from aioelastic._subscribers import Subscribers
 from aioelastic.rendezvous._c10d import open_tcp_store, parse_endpoint
 from aioelastic.rendezvous._elastic import free_port, local_hostname
 from aioelastic.rendezvous._errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousParameterError,
     RendezvousStateError,
     RendezvousTimeoutError,
@@ -29,9 +40,12 @@ from aioelastic.rendezvous._errors import (
 from aioelastic.rendezvous._handler import RendezvousHandler
 from aioelastic.rendezvous._info import (
     InvalidationReason,
+    RendezvousEvent,
     RendezvousInfo,
     RendezvousStoreInfo,
+    RoundCompleted,
     RoundInvalidated,
+    RoundJoining,
     StaticRendezvousStatistics,
 )
 from aioelastic.rendezvous._parameters import RendezvousParameters, seconds
@@ -41,6 +55,19 @@ from aioelastic.store import PrefixStore, Store, StoreError, StoreTimeoutError
 STATIC_KEYS = frozenset(
     {"rank", "join_timeout", "timeout", "read_timeout", "local_addr", *SECURITY_KEYS}
 )
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StaticSettings:
+    """What a static job is: ``min_nodes == max_nodes`` nodes within ``join_timeout`` seconds
+    (the names of :class:`~aioelastic.rendezvous.ElasticSettings`, for progress reports)."""
+
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    join_timeout: float
 
 
 class StaticRendezvousHandler(RendezvousHandler):
@@ -65,12 +92,16 @@ class StaticRendezvousHandler(RendezvousHandler):
         self.rank = rank
         self.world_size = params.max_nodes
         self.join_timeout = join
+        self.settings = StaticSettings(params.run_id, params.max_nodes, params.max_nodes, join)
+        self._subscribers: Subscribers[RendezvousEvent] = Subscribers(logger, "rendezvous event")
         self._host, self._port = parse_endpoint(params.endpoint)
         self._read_timeout = read
         self._addr = params.local_addr or params.get("local_addr")
         self._credentials = store_credentials(params)
         self._stack: AsyncExitStack | None = None
         self._store: Store | None = None
+        self._reached = anyio.Event()  # set once the store is reached, or cannot be
+        self._unreachable: RendezvousError | None = None
         self._info: RendezvousInfo | None = None
         self._joining = False
         self._invalidated: RoundInvalidated | None = None
@@ -84,6 +115,23 @@ class StaticRendezvousHandler(RendezvousHandler):
             rounds_completed=int(self._info is not None),
             invalidated=self._invalidated,
         )
+
+    @property
+    def node_id(self) -> int:
+        """This node's id in progress reports: its rank."""
+        return self.rank
+
+    @property
+    def waiting_for(self) -> str:
+        """What a join waits for besides other nodes ("": nothing): the store, while rank 0's
+        has not been reached yet."""
+        if self._store is not None:
+            return ""
+        return f"the rendezvous store at {self._host}:{self._port} (node rank 0 serves it)"
+
+    def subscribe(self, callback: Callable[[RendezvousEvent], object]) -> Callable[[], None]:
+        """Call ``callback`` with every later event; return a function that unsubscribes."""
+        return self._subscribers.add(callback)
 
     @property
     def endpoint(self) -> tuple[str, int]:
@@ -101,51 +149,109 @@ class StaticRendezvousHandler(RendezvousHandler):
     def get_run_id(self) -> str:
         return self.run_id
 
+    def _open_store(self) -> AbstractAsyncContextManager[Store]:
+        return open_tcp_store(
+            self._host,
+            self._port,
+            is_host=self.rank == 0,
+            read_timeout=self._read_timeout,
+            connect_timeout=self.join_timeout,
+            credentials=self._credentials,
+        )
+
+    def _have(self, client: Store) -> None:
+        self._store = PrefixStore(f"rdzv/{self.run_id}/static", client)
+        self._reached.set()
+
     async def __aenter__(self) -> Self:
+        if self._stack is not None:
+            raise RendezvousUsageError("this handler was already entered; create a new one")
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
-            client = await stack.enter_async_context(
-                open_tcp_store(
-                    self._host,
-                    self._port,
-                    is_host=self.rank == 0,
-                    read_timeout=self._read_timeout,
-                    connect_timeout=self.join_timeout,
-                    credentials=self._credentials,
-                )
-            )
+            if self.rank == 0:  # it serves the store: a busy port is known at once
+                self._have(await stack.enter_async_context(self._open_store()))
+            else:
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                leave = anyio.Event()
+
+                def let_go() -> None:  # runs first: the client goes, then the task group
+                    leave.set()
+                    if self._store is None:  # still connecting: nothing to close cleanly
+                        tg.cancel_scope.cancel()
+
+                stack.callback(let_go)
+                tg.start_soon(self._reach, leave)
         except BaseException:
             await stack.aclose()
             raise
-        self._store = PrefixStore(f"rdzv/{self.run_id}/static", client)
         self._stack = stack
         return self
 
-    def _require_store(self) -> Store:
-        if self._store is None:
+    async def _reach(self, leave: anyio.Event) -> None:
+        """Reach rank 0's store (for up to the join timeout) and hold it until ``leave`` (the
+        client is closed outside a cancelled scope, so it closes all it has); a store that
+        cannot be reached is what the calls waiting for it raise."""
+        try:
+            async with self._open_store() as client:
+                self._have(client)
+                await leave.wait()
+        except RendezvousError as error:
+            self._unreachable = error
+            self._reached.set()
+
+    async def _require_store(self) -> Store:
+        """The job's store, once reached (waiting for it, at most the join timeout)."""
+        if self._stack is None:
             raise RendezvousUsageError("use the handler as `async with handler:` before calling it")
+        await self._reached.wait()
+        if self._store is None:
+            assert self._unreachable is not None
+            raise self._unreachable
         return self._store
 
     async def next_rendezvous(self) -> RendezvousInfo:
-        """Claim this rank and wait for all ranks; later calls return the same outcome."""
-        store = self._require_store()
+        """Claim this rank and wait for all ranks; later calls return the same outcome.
+
+        The wait (for rank 0's store, then for every rank) lasts at most the join timeout.
+        """
         if self._info is not None:
             return self._info
-        if await self.is_closed():
-            raise RendezvousClosedError(self.run_id)
+        if self._stack is None:
+            raise RendezvousUsageError("use the handler as `async with handler:` before calling it")
         self._joining = True
+        self._subscribers.emit(RoundJoining(self.run_id, self.rank))
         try:
-            return await self._join(store)
+            deadline = anyio.current_time() + self.join_timeout
+            store = await self._require_store()
+            if await self.is_closed():
+                raise RendezvousClosedError(self.run_id)
+            info = await self._join(store, deadline)
         finally:
             self._joining = False
+        self._subscribers.emit(
+            RoundCompleted(self.run_id, 1, self.rank, self.rank, self.world_size)
+        )
+        return info
 
-    async def _join(self, store: Store) -> RendezvousInfo:
+    async def waiting_nodes(self) -> dict[int, str]:
+        """The ranks that arrived so far (rank -> address), for progress reports."""
+        store = await self._require_store()
         try:
+            claims = (await store.get_prefix("rank/")).items
+        except StoreError as error:
+            raise RendezvousConnectionError(f"static rendezvous lost its store: {error}") from error
+        return {
+            int(key.rpartition("/")[2]): value.decode().partition(" ")[2]
+            for key, value in sorted(claims.items())
+        }
+
+    async def _join(self, store: Store, deadline: float) -> RendezvousInfo:
+        try:
+            addr = self._addr or await anyio.to_thread.run_sync(local_hostname)
             if self.rank == 0:
-                addr = self._addr or await anyio.to_thread.run_sync(local_hostname)
                 await store.set("master", json.dumps([addr, free_port(addr)]))
-            claim = secrets.token_hex(8)
+            claim = f"{secrets.token_hex(8)} {addr}"
             owner = await store.compare_set(f"rank/{self.rank}", "", claim)
             if owner.decode() != claim:
                 raise RendezvousStateError(
@@ -154,7 +260,8 @@ class StaticRendezvousHandler(RendezvousHandler):
                 )
             keys = ["master", *(f"rank/{r}" for r in range(self.world_size))]
             try:
-                values = await store.multi_get(keys, timeout=self.join_timeout)
+                left = max(0.0, deadline - anyio.current_time())
+                values = await store.multi_get(keys, timeout=left)
             except StoreTimeoutError:
                 arrived = len((await store.get_prefix("rank/")).items)
                 raise RendezvousTimeoutError(
@@ -172,10 +279,10 @@ class StaticRendezvousHandler(RendezvousHandler):
         return self._info
 
     async def is_closed(self) -> bool:
-        return await self._require_store().check(["closed"])
+        return await (await self._require_store()).check(["closed"])
 
     async def set_closed(self) -> None:
-        await self._require_store().set("closed", b"1")
+        await (await self._require_store()).set("closed", b"1")
 
     async def num_nodes_waiting(self) -> int:
         """Always 0: a static job admits no new nodes."""
@@ -183,7 +290,7 @@ class StaticRendezvousHandler(RendezvousHandler):
 
     async def wait_round_invalidated(self) -> RoundInvalidated:
         """Return when the job is closed (a static round is otherwise never invalidated)."""
-        store = self._require_store()
+        store = await self._require_store()
         if self._info is None:
             raise RendezvousUsageError(
                 "no round completed on this handler yet; call next_rendezvous() first"

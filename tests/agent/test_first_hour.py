@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import socket
 import uuid
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.agent.conftest import BOUND, TORCHRUN, launched
+from tests.agent.conftest import BOUND, TORCHRUN, free_port, launched
 
 pytestmark = pytest.mark.anyio
 
@@ -160,3 +161,29 @@ async def test_a_busy_local_endpoint_is_one_line_saying_so(backend: str, tmp_pat
         f"use{why}; free the port or choose another endpoint\n"
     )
     assert (status, out, err) == (1, "", expected)
+
+
+async def test_a_static_node_waiting_for_its_master_says_so_every_5_s(tmp_path: Path) -> None:
+    """Node rank 1 started before its master: a progress line every 5 s names the store it
+    waits for; once node rank 0 starts, the job runs."""
+    (tmp_path / "train.py").write_text("print('the worker ran')\n")
+    port = free_port()
+
+    def argv(node_rank: int) -> list[str]:
+        return ["--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1"]
+
+    static = ["--master-addr", "127.0.0.1", "--master-port", str(port), "train.py"]
+    waiting = (
+        rf"\[aioelastic\] rendezvous 'none': node 1 waiting (\d+) s for the rendezvous store at "
+        rf"127\.0\.0\.1:{port} \(node rank 0 serves it\); join timeout in (\d+) s\n"
+    )
+    with anyio.fail_after(BOUND * 2):
+        async with launched(*argv(1), *static, cwd=tmp_path) as late:
+            await late.err.wait_for("[aioelastic] rendezvous 'none'", count=2)
+            async with launched(*argv(0), *static, cwd=tmp_path) as master:
+                statuses = [await master.wait(), await late.wait()]
+    assert statuses == [0, 0], (master, late)
+    reports = [(int(w), int(left)) for w, left in re.findall(waiting, late.err.text)]
+    assert [waited for waited, _ in reports[:2]] == [5, 10]
+    assert all(595 - waited <= left <= 600 - waited for waited, left in reports)
+    assert late.out.text == master.out.text == "the worker ran\n"
