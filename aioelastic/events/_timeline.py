@@ -92,8 +92,8 @@ class _Builder:
     spans: list[Span] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     waiting: dict[str, float] = field(default_factory=dict)  # node -> rendezvous start
-    running: dict[str, tuple[float, str, Any]] = field(default_factory=dict)  # lane -> start,
-    # label, pid
+    # lane -> start, label, pid of the life running on it
+    running: dict[str, tuple[float, str, Any]] = field(default_factory=dict)
     lanes_of: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, pid) -> lane
     ended: dict[tuple[str, Any], int] = field(default_factory=dict)  # (lane, pid) -> its span
 
@@ -271,12 +271,13 @@ def place_labels(timeline: Timeline, *, plot_width: float = PLOT_WIDTH_POINTS) -
     label placed before it, so labels stack instead of overwriting each other; one that would
     pass the end of the run is written leftwards, so the last is not clipped; a label already
     shown among the marks it overlaps is not repeated."""
-    seconds_per_char = LABEL_POINTS_PER_CHAR * (timeline.duration or 1.0) / plot_width
+    duration = timeline.duration or 1.0
+    seconds_per_char = LABEL_POINTS_PER_CHAR * duration / plot_width
     placed: list[LabelPlace] = []
     rows: dict[str, list[list[tuple[float, float, str]]]] = {}  # lane -> row -> labels drawn
     for mark in sorted(timeline.marks, key=lambda m: (m.lane, m.time)):
         width = (len(mark.label) + 1) * seconds_per_char
-        leftward = mark.time + width > (timeline.duration or 1.0)
+        leftward = mark.time + width > duration and mark.time > duration - mark.time
         start, end = (mark.time - width, mark.time) if leftward else (mark.time, mark.time + width)
         lane_rows = rows.setdefault(mark.lane, [])
         near = [

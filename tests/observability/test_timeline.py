@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aioelastic.events import LoggedEvent
 from aioelastic.events._timeline import Mark, Span, build_timeline, render_timeline
@@ -173,3 +176,47 @@ def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank(
     assert ("a", "generation", "gen 2: rank 1 failed") in kinds
     assert ("a", "formed", "gen 2 formed 50 ms after the failure") in kinds
     assert ("rank 1 (a)", "spare", "spare pid 12 took the rank") in kinds
+
+
+MARKS = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "rank 0 (a)"]),
+        st.floats(0.0, 10.0),
+        st.sampled_from(["x", "exit -9", "gen 2 formed 17 ms after the failure", "succeeded"]),
+    ),
+    max_size=30,
+)
+
+
+@given(MARKS)
+def test_labels_placed_on_one_row_never_overlap_and_stay_in_the_run(
+    marks: list[tuple[str, float, str]],
+) -> None:
+    """On a lane, the labels of one row never overlap; each stays within the run (a label
+    narrower than half of it); a label not shown has its twin shown next to it."""
+    from aioelastic.events._timeline import LABEL_POINTS_PER_CHAR, Timeline, place_labels
+
+    timeline = Timeline(
+        ("a", "rank 0 (a)"), (), tuple(Mark(*m[:2], "failed", m[2]) for m in marks), 10.0
+    )
+    per_char = LABEL_POINTS_PER_CHAR * 10.0 / 650.0
+    shown: dict[tuple[str, int], list[tuple[float, float, str]]] = {}
+    hidden = []
+    for place in place_labels(timeline, plot_width=650.0):
+        mark, width = place.mark, (len(place.mark.label) + 1) * per_char
+        start = mark.time - width if place.leftward else mark.time
+        if place.row is None:
+            hidden.append((mark.lane, start, start + width, mark.label))
+            continue
+        assert (start >= 0.0, start + width <= 10.0) == (True, True)
+        shown.setdefault((mark.lane, place.row), []).append((start, start + width, mark.label))
+    for labels in shown.values():
+        ordered = sorted(labels)
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ordered))
+    for lane, start, end, label in hidden:
+        assert any(
+            s <= end and e >= start and text == label
+            for (shown_lane, _), labels in shown.items()
+            for s, e, text in labels
+            if shown_lane == lane
+        )
