@@ -34,7 +34,9 @@ DEFAULT_INTERVAL = 5.0
 class RendezvousWaiting:
     """A node has been joining run ``run_id`` for ``waited`` seconds; ``joined`` nodes so far.
 
-    ``members`` names them (``"<node id> at <address>"``) when the handler can say.
+    ``members`` names them (``"<node id> at <address>"``) when the handler can say;
+    ``waiting_for`` is what the node waits for before it can count them (a store it has not
+    reached yet: a static node whose rank 0 is not up), when there is such a thing.
     """
 
     run_id: str
@@ -45,15 +47,21 @@ class RendezvousWaiting:
     waited: float
     join_timeout: float
     members: tuple[str, ...] = ()
+    waiting_for: str = ""
 
     def describe(self) -> str:
         """One line for humans: what the node waits for."""
+        left = max(0.0, self.join_timeout - self.waited)
+        if self.waiting_for:
+            return (
+                f"rendezvous {self.run_id!r}: node {self.node} waiting {self.waited:.0f} s for "
+                f"{self.waiting_for}; join timeout in {left:.0f} s"
+            )
         if self.joined < self.min_nodes:
             missing = self.min_nodes - self.joined
             wanted = f"{missing} more node{'s' if missing > 1 else ''} (min_nodes={self.min_nodes})"
         else:
             wanted = f"the last call for up to max_nodes={self.max_nodes} to end"
-        left = max(0.0, self.join_timeout - self.waited)
         shown = ", ".join(f"node {m}" for m in self.members[:6])
         if len(self.members) > 6:
             shown += ", ..."
@@ -76,7 +84,7 @@ async def watch_rendezvous(
     """Report the progress of ``handler``'s joins while the block runs (see the module doc).
 
     With a ``stream``, the handler's own events are published there too (as ``rendezvous``).
-    A handler without events (``static``) is left alone. ``console`` gets one line per report;
+    A handler without events is left alone. ``console`` gets one line per report;
     ``clock`` (default: the loop's monotonic clock) times the reports.
     """
     if not hasattr(handler, "subscribe") or not hasattr(handler, "settings"):
@@ -101,8 +109,11 @@ async def watch_rendezvous(
                 await timer.sleep_until(timer.now() + interval)  # periodic by nature
                 if not handler.statistics().joining:
                     break
+                waiting_for = str(getattr(handler, "waiting_for", ""))
+                nodes: dict[int, str] = {}
                 try:
-                    nodes: dict[int, str] = await handler.waiting_nodes()
+                    if not waiting_for:
+                        nodes = await handler.waiting_nodes()
                 except RendezvousError as error:  # a progress line is not worth the run
                     logger.debug("no rendezvous progress report: %s", error)
                     continue
@@ -115,6 +126,7 @@ async def watch_rendezvous(
                     waited=timer.now() - started[0],
                     join_timeout=settings.join_timeout,
                     members=tuple(f"{node} at {addr}" for node, addr in nodes.items()),
+                    waiting_for=waiting_for,
                 )
                 logger.info("%s", event.describe())
                 if stream is not None:

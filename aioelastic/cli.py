@@ -25,6 +25,10 @@ SUBCOMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every available subcommand attached."""
+    return _build()[0]
+
+
+def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="aioelastic",
         description="Asyncio-native coordination for elastic distributed jobs.",
@@ -38,12 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.add_parser(subparsers)
-    return parser
+    return parser, subparsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return its exit status."""
-    parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    parser, subparsers = _build()
+    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if unknown:  # a subcommand's flag: its own usage, not the top-level one
+        chosen = subparsers.choices[args.command]
+        chosen.print_usage(sys.stderr)
+        chosen.exit(2, f"{chosen.prog}: error: unrecognized arguments: {' '.join(unknown)}\n")
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)

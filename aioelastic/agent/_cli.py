@@ -367,7 +367,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "where a token or TLS protects the job's store, and for --standalone",
     )
     add("training_script", metavar="TRAINING_SCRIPT", help="the worker program")
-    add("training_script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
+    remainder = add(
+        "training_script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments"
+    )
+    remainder.required = False  # a script without arguments lacks nothing
     parser.set_defaults(handler=run_command, pet_names=frozenset(pet_names))
     return parser
 
@@ -384,6 +387,18 @@ def unknown_pet_variables(environ: Mapping[str, str], known: frozenset[str]) -> 
     return sorted(name for name in environ if name.startswith("PET_") and name not in known)
 
 
+def missing_script(args: argparse.Namespace) -> str | None:
+    """Why the workers could not open TRAINING_SCRIPT (None: it is there, or it is a module or
+    a program, which only starting it can tell)."""
+    if args.module or args.no_python:
+        return None
+    script = args.training_script
+    if os.path.exists(script):  # a file, or a directory or zip with __main__.py
+        return None
+    where = "" if os.path.isabs(script) else f" in {os.getcwd()}"
+    return f"the training script {script!r} does not exist{where}"
+
+
 def run_command(args: argparse.Namespace) -> int:
     """The ``aioelastic run`` handler: parse, launch on asyncio (uvloop when installed)."""
     for name in unknown_pet_variables(os.environ, args.pet_names):
@@ -392,6 +407,9 @@ def run_command(args: argparse.Namespace) -> int:
     for name, why in NO_EFFECT.items():
         if name in os.environ:
             print(f"{PROG}: warning: {name} has no effect: {why}", file=sys.stderr)
+    missing = missing_script(args)
+    if missing is not None:
+        one_line_error(missing)
     try:
         config = config_from_args(args)
     except FlagError as exc:

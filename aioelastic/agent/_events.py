@@ -314,7 +314,8 @@ class RunResult:
     """The outcome of :meth:`ElasticAgent.run`.
 
     ``returncodes`` maps each local rank of the last attempt to its exit status (minus the
-    signal number when a signal ended it). ``failures`` are the failures of the last attempt,
+    signal number when a signal ended it): under in-place recovery, its final holder's (a
+    replacement's, never an idle spare's). ``failures`` are the failures of the last attempt,
     first one first; ``signal`` is the shutdown signal that stopped the run, if one did.
     """
 

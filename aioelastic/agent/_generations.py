@@ -592,6 +592,23 @@ class GenerationMachine:
             and (node is None or w.key.node == node)
         )
 
+    def holders(self, node: int) -> dict[int, WorkerKey]:
+        """Who holds each slot (local rank) of ``node`` now: the current generation's members
+        there, else the workers started for a slot. A spare that never took a slot holds none;
+        a replaced worker no longer holds its slot."""
+        generation = self.generation
+        if generation is not None:
+            return {
+                generation.slots[rank]: key
+                for rank, key in enumerate(generation.members)
+                if key.node == node
+            }
+        return {
+            w.slot: w.key
+            for w in self._workers.values()
+            if w.slot is not None and w.key.node == node
+        }
+
     def alive(self) -> tuple[WorkerKey, ...]:
         """Every worker that still runs, as far as the machine knows."""
         return tuple(

@@ -142,6 +142,23 @@ def logs_specs_layout(name: str, logs: LogSpec, nproc: int) -> Layout:
         ) from None
 
 
+def implicit_standalone(
+    args: argparse.Namespace, backend: str, endpoint: str, conf: dict[str, str]
+) -> bool:
+    """Whether a default single-node run is a standalone one, as torchrun makes it: the static
+    backend with no endpoint nor --master-port and one node at most (and no static-only
+    --rdzv-conf key). Its workers get a run id, and no port 29500 is taken."""
+    from aioelastic.rendezvous._parameters import ELASTIC_KEYS
+
+    return (
+        backend == "static"
+        and not endpoint
+        and args.master_port is None
+        and args.nnodes[1] == 1
+        and set(conf) <= ELASTIC_KEYS
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Check the flags together and build the launch; raise :class:`FlagError`."""
     from aioelastic.agent._devices import (
@@ -166,8 +183,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             f"--standalone runs a single node, but --nnodes asks for {args.nnodes[1]}; for a "
             "multi-node job drop --standalone, pass --rdzv-backend c10d --rdzv-endpoint HOST:PORT"
         )
-    if args.standalone:  # one node: an in-process rendezvous needs no server (torchrun: c10d)
-        run_id = str(uuid.uuid4())
+    if args.standalone or implicit_standalone(args, backend, endpoint, conf):
+        # one node: an in-process rendezvous needs no server (torchrun: c10d on localhost:0)
+        run_id = str(uuid.uuid4()) if args.standalone or run_id == "none" else run_id
         backend, endpoint = "memory", f"standalone-{run_id}"
         min_nodes = max_nodes = 1
     if backend == "static":
@@ -249,6 +267,11 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         ),
         env=env,
     )
+
+
+def signal_names(signals: Sequence[signal.Signals]) -> str:
+    """``TORCHELASTIC_SIGNALS_TO_HANDLE`` as torchrun sets it: the names, comma-separated."""
+    return ",".join(signum.name for signum in signals)
 
 
 class ConsoleReporter:
@@ -545,7 +568,10 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         virtual_local_rank=config.virtual_local_rank,
                         numa_binding=config.numa_binding,
                         torch_store=torch_store_arrangement(config.torch_store, params),
-                        env=config.env,
+                        env={
+                            **config.env,
+                            "TORCHELASTIC_SIGNALS_TO_HANDLE": signal_names(config.signals),
+                        },
                     )
                     router.agent = ElasticAgent(
                         spec,

@@ -272,6 +272,17 @@ class InPlaceGroup(WorkerGroup):
                 except StoreError as exc:  # the status display is not worth failing a job
                     logger.info("could not show generation in the store: %s", exc)
 
+    @property
+    def returncodes(self) -> dict[int, int]:
+        """Exit status by local rank, of each rank's final holder (a replacement, not the
+        worker it replaced; never an idle spare, which holds no rank), once it has exited."""
+        codes = {}
+        for slot, key in sorted(self.machine.holders(self.node).items()):
+            linked = self._linked.get(key)
+            if linked is not None and linked.worker.process.returncode is not None:
+                codes[slot] = linked.worker.process.returncode
+        return codes
+
     def _linked_pids(self) -> dict[g.WorkerKey, int]:
         return {key: linked.worker.process.pid for key, linked in self._linked.items()}
 

@@ -19,7 +19,7 @@ aioelastic.events`` does not load it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aioelastic.agent._events import (
@@ -99,17 +99,32 @@ class _Builder:
     spans: list[Span] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     waiting: dict[str, float] = field(default_factory=dict)  # node -> rendezvous start
-    running: dict[str, tuple[float, str]] = field(default_factory=dict)  # lane -> start, label
+    # lane -> start, label, pid of the life running on it
+    running: dict[str, tuple[float, str, Any]] = field(default_factory=dict)
     lanes_of: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, pid) -> lane
+    ended: dict[tuple[str, Any], int] = field(default_factory=dict)  # (lane, pid) -> its span
 
     def lane(self, name: str) -> str:
         if name not in self.lanes:
             self.lanes.append(name)
         return name
 
-    def end_worker(self, lane: str, when: float, outcome: str) -> None:
-        started = self.running.pop(lane, None)
+    def start_worker(self, node: str, lane: str, when: float, pid: Any, label: str) -> None:
+        self.lanes_of[(node, pid)] = lane
+        self.running[lane] = (when, label, pid)
+
+    def end_worker(self, lane: str, when: float, outcome: str, pid: Any = None) -> None:
+        """End the life running on ``lane`` (``pid``'s, when given: if its rank already went to
+        a replacement, the life that ended then is given ``outcome``)."""
+        started = self.running.get(lane)
+        if pid is not None and (started is None or started[2] != pid):
+            index = self.ended.get((lane, pid))
+            if index is not None:
+                self.spans[index] = replace(self.spans[index], outcome=outcome)
+            return
         if started is not None:
+            del self.running[lane]
+            self.ended[(lane, started[2])] = len(self.spans)
             self.spans.append(Span(lane, started[0], when, "worker", started[1], outcome))
 
     def feed(self, event: LoggedEvent) -> None:
@@ -126,15 +141,16 @@ class _Builder:
         elif kind == WorkersStarted.__name__:
             for rank, pid in zip(data.get("ranks", ()), data.get("pids", ()), strict=False):
                 lane = self.lane(f"rank {rank} ({node})")
-                self.lanes_of[(node, pid)] = lane
                 self.end_worker(lane, when, "stopped")
-                self.running[lane] = (when, f"pid {pid}, restart {data.get('restart_count', 0)}")
+                label = f"pid {pid}, restart {data.get('restart_count', 0)}"
+                self.start_worker(node, lane, when, pid, label)
         elif kind == WorkerSucceeded.__name__:
-            self.end_worker(self._worker_lane(node, data), when, "succeeded")
+            lane = self._worker_lane(node, data)
+            self.end_worker(lane, when, "succeeded", data.get("pid"))
         elif kind == WorkerFailed.__name__:
             failure = data.get("failure", {})
             lane = self._worker_lane(node, failure)
-            self.end_worker(lane, when, "failed")
+            self.end_worker(lane, when, "failed", failure.get("pid"))
             self.marks.append(Mark(lane, when, "failed", f"exit {failure.get('returncode', '?')}"))
         elif kind in REAPS:
             lane = self._worker_lane(node, data)
@@ -161,9 +177,11 @@ class _Builder:
             for replaced in data.get("replaced", ()):
                 pid = replaced.get("pid")
                 lane = self.lane(f"rank {replaced.get('rank', '?')} ({node})")
-                self.lanes_of[(node, pid)] = lane
-                self.end_worker(lane, when, "stopped")
-                self.running[lane] = (when, f"pid {pid}, gen {generation}")
+                # the rank's holder failed, hung or was lost: its life ends as a failure (its
+                # WorkerFailed, reported after the survivors were told, comes later)
+                gone = replaced.get("failed_pid") is not None
+                self.end_worker(lane, when, "failed" if gone else "stopped")
+                self.start_worker(node, lane, when, pid, f"pid {pid}, gen {generation}")
                 if replaced.get("by_spare"):
                     self.marks.append(Mark(lane, when, "spare", f"spare pid {pid} took the rank"))
         elif kind == GenerationFormed.__name__:
@@ -285,26 +303,64 @@ MARK_STYLES = {
 }
 
 
-def _label_offsets(timeline: Timeline) -> list[tuple[Mark, int | None]]:
-    """Each mark with how many label rows to raise its label (None: same label, just shown).
+LABEL_POINTS_PER_CHAR = 4.6
+"""The width of one character of a mark's label (7 pt sans-serif), in points, rounded up."""
+PLOT_WIDTH_POINTS = 650.0
+"""The width of the drawn time axis, in points (a 12 inch figure less its margins and legend)."""
 
-    Marks of one lane closer than 2% of the run share a crowd: their labels stack upwards and a
-    label already shown in the crowd is not repeated.
-    """
-    near = timeline.duration / 50
-    placed: list[tuple[Mark, int | None]] = []
-    crowd: list[Mark] = []
+
+@dataclass(frozen=True, slots=True)
+class LabelPlace:
+    """Where a mark's label goes: ``row`` rows above the lane (None: not shown, the same label
+    is shown next to it), right of the mark or, near the end of the run, left of it."""
+
+    mark: Mark
+    row: int | None
+    leftward: bool = False
+
+
+def place_labels(timeline: Timeline, *, plot_width: float = PLOT_WIDTH_POINTS) -> list[LabelPlace]:
+    """Each mark's label place: on its lane, a label goes on the lowest row where it overlaps no
+    label placed before it, so labels stack instead of overwriting each other; one that would
+    pass the end of the run is written leftwards, so the last is not clipped; a label already
+    shown among the marks it overlaps is not repeated."""
+    duration = timeline.duration or 1.0
+    seconds_per_char = LABEL_POINTS_PER_CHAR * duration / plot_width
+    placed: list[LabelPlace] = []
+    rows: dict[str, list[list[tuple[float, float, str]]]] = {}  # lane -> row -> labels drawn
     for mark in sorted(timeline.marks, key=lambda m: (m.lane, m.time)):
-        if not crowd or crowd[-1].lane != mark.lane or mark.time - crowd[-1].time > near:
-            crowd = []
-        repeated = any(m.label == mark.label for m in crowd)
-        placed.append((mark, None if repeated else len({m.label for m in crowd})))
-        crowd.append(mark)
+        width = (len(mark.label) + 1) * seconds_per_char
+        leftward = mark.time + width > duration and mark.time > duration - mark.time
+        start, end = (mark.time - width, mark.time) if leftward else (mark.time, mark.time + width)
+        lane_rows = rows.setdefault(mark.lane, [])
+        near = [
+            label for row in lane_rows for label in row if label[0] <= end and label[1] >= start
+        ]
+        if any(label == mark.label for _, _, label in near):
+            placed.append(LabelPlace(mark, None, leftward))
+            continue
+        free = next(
+            (i for i, row in enumerate(lane_rows) if all(e < start or s > end for s, e, _ in row)),
+            len(lane_rows),
+        )
+        if free == len(lane_rows):
+            lane_rows.append([])
+        lane_rows[free].append((start, end, mark.label))
+        placed.append(LabelPlace(mark, free, leftward))
     return placed
 
 
 def render_timeline(timeline: Timeline, path: str, *, title: str = "aioelastic run") -> None:
     """Draw ``timeline`` as a PNG at ``path`` (needs matplotlib)."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_timeline(timeline, title=title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_timeline(timeline: Timeline, *, title: str = "aioelastic run") -> Any:
+    """Draw ``timeline`` on a new matplotlib figure and return it (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -321,19 +377,25 @@ def render_timeline(timeline: Timeline, path: str, *, title: str = "aioelastic r
             color = SPAN_COLORS["rendezvous" if span.kind == "rendezvous" else span.outcome]
         width = max(span.end - span.start, timeline.duration / 500 or 0.001)
         ax.barh(rows[span.lane], width, left=span.start, height=0.6, color=color)
-    for mark, raise_by in _label_offsets(timeline):
+    places = place_labels(timeline)
+    for place in places:
+        mark = place.mark
         marker, color = MARK_STYLES[mark.kind]
         ax.plot(mark.time, rows[mark.lane], marker=marker, color=color, markersize=9)
-        if raise_by is not None:
+        if place.row is not None:
             ax.annotate(
                 mark.label,
                 (mark.time, rows[mark.lane]),
-                xytext=(4, 8 + 8 * raise_by),
+                xytext=(-4 if place.leftward else 4, 8 + 8 * place.row),
                 textcoords="offset points",
                 fontsize=7,
+                horizontalalignment="right" if place.leftward else "left",
             )
+    # room above the first lane for its stacked labels (a lane is 36 points high)
+    top = max((p.row for p in places if p.row is not None and rows[p.mark.lane] == 0), default=-1)
+    ax.set_ylim(len(rows) - 0.5, -0.6 - (16 + 8 * top) / 36 if top >= 0 else -0.5)
+    ax.set_xlim(-0.01 * (timeline.duration or 1.0), 1.01 * (timeline.duration or 1.0))
     ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
-    ax.invert_yaxis()
     ax.set_xlabel("seconds since the first event")
     ax.set_title(title)
     handles: list[Any] = [
@@ -354,5 +416,4 @@ def render_timeline(timeline: Timeline, path: str, *, title: str = "aioelastic r
     ]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

@@ -66,6 +66,35 @@ def parse_endpoint(endpoint: str, default_port: int = DEFAULT_PORT) -> tuple[str
     return host, port
 
 
+LOCAL_STORE_ANSWER_TIMEOUT = 5.0
+"""Seconds a store that another process of this host serves at the endpoint may take to answer
+a first connection: a program that does not answer as one holds the port, and the node says so
+at once instead of trying to reach a store there for its whole read timeout."""
+
+
+def _cannot_serve(bind: str, port: int, error: object) -> str:
+    return (
+        f"cannot serve the rendezvous store on {bind}:{port}: {error}; free the port or choose "
+        "another endpoint"
+    )
+
+
+async def _answers_as_store(credentials: StoreCredentials, host: str, port: int) -> bool:
+    """Whether what listens at ``host:port`` is a store (one that refuses this node counts:
+    connecting for real says why)."""
+    within = LOCAL_STORE_ANSWER_TIMEOUT
+    probe = credentials.client(
+        host, port, timeout=within, connect_timeout=within, request_timeout=within
+    )
+    try:
+        async with probe:
+            return True
+    except StoreRefusedError:
+        return True
+    except StoreError:
+        return False
+
+
 @asynccontextmanager
 async def open_tcp_store(
     host: str,
@@ -95,10 +124,13 @@ async def open_tcp_store(
                 await stack.enter_async_context(server)
             except OSError as error:
                 if is_host or error.errno != errno.EADDRINUSE:
-                    raise RendezvousConnectionError(
-                        f"cannot serve the rendezvous store on {bind}:{port}: {error}; free the "
-                        "port or choose another endpoint"
-                    ) from error
+                    raise RendezvousConnectionError(_cannot_serve(bind, port, error)) from error
+                if not await _answers_as_store(credentials, host, port):
+                    why = (
+                        f"{error} (by a program that did not answer as a rendezvous store within "
+                        f"{LOCAL_STORE_ANSWER_TIMEOUT:g} s)"
+                    )
+                    raise RendezvousConnectionError(_cannot_serve(bind, port, why)) from error
                 logger.info(
                     "%s:%d is served by another process here; joining as a client", host, port
                 )

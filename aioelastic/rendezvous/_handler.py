@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import abc
+import inspect
+from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import anyio
 from anyio.abc import TaskStatus
 
-from aioelastic.rendezvous._info import RendezvousInfo, RoundInvalidated
+from aioelastic.rendezvous._info import InvalidationReason, RendezvousInfo, RoundInvalidated
+
+DEFAULT_MONITOR_INTERVAL = 0.1
+"""torchrun's ``--monitor-interval`` default: how often torch's agent asks a handler whether the
+round still holds."""
+
+
+async def _ask(method: Callable[[], Any]) -> Any:
+    """Call a handler method written either way: ours are coroutines; torch's are plain
+    methods that may block on their store, so they run in a worker thread."""
+    if inspect.iscoroutinefunction(method):
+        return await method()
+    return await anyio.to_thread.run_sync(method)
 
 
 class RendezvousHandler(abc.ABC):
@@ -52,9 +66,27 @@ class RendezvousHandler(abc.ABC):
     async def num_nodes_waiting(self) -> int:
         """How many nodes wait to join the next round (a positive value asks for a re-round)."""
 
-    @abc.abstractmethod
+    monitor_interval: float = DEFAULT_MONITOR_INTERVAL
+    """Seconds between two looks of the default :meth:`wait_round_invalidated`."""
+
     async def wait_round_invalidated(self) -> RoundInvalidated:
-        """Return as soon as the round this handler last completed is no longer valid."""
+        """Return as soon as the round this handler last completed is no longer valid.
+
+        Torch's interface has no such method: its agent asks :meth:`is_closed` and
+        :meth:`num_nodes_waiting` every monitor interval. This default does the same every
+        :attr:`monitor_interval` seconds, so a handler implementing torch's seven methods
+        (plain or ``async``) works unchanged; our backends override it and are woken by their
+        store instead.
+        """
+        while True:
+            if await _ask(self.is_closed):
+                detail = f"run {self.get_run_id()!r} was closed"
+                return RoundInvalidated(InvalidationReason.CLOSED, detail)
+            waiting = int(await _ask(self.num_nodes_waiting))
+            if waiting > 0:
+                detail = f"{waiting} node{'s' if waiting > 1 else ''} waiting to join"
+                return RoundInvalidated(InvalidationReason.NODES_WAITING, detail)
+            await anyio.sleep(self.monitor_interval)  # torch's monitor loop: nothing to wait on
 
     @abc.abstractmethod
     async def shutdown(self) -> bool:

@@ -109,6 +109,21 @@ def test_a_spare_takes_the_place_and_a_new_spare_is_started() -> None:
     assert sim.formed[-1].replacements[0].spare
 
 
+def test_the_holders_of_a_nodes_slots_are_its_members_never_an_idle_spare() -> None:
+    """Before a generation, each slot's started worker holds it; after a replacement, the spare
+    that took the slot does, and the new idle spare holds nothing."""
+    sim = WorldSimulation({0: NodeSpec(2, spares=1), 1: NodeSpec(1)})
+    assert sim.machine.holders(0) == {0: WorkerKey(0, 0), 1: WorkerKey(0, 1)}
+    sim.enter_all()
+    spare = sim.machine.spares(0)[0]
+    sim.fail(sim.member(0))
+    sim.enter_all()
+    new_spare = sim.machine.spares(0)[0]
+    assert sim.machine.holders(0) == {0: spare, 1: WorkerKey(0, 1)}
+    assert new_spare not in sim.machine.holders(0).values()
+    assert sim.machine.holders(1) == {0: WorkerKey(1, 0)}
+
+
 def test_two_failures_at_once_make_consecutive_generations_with_both_replaced() -> None:
     """Two ranks die before anyone re-forms: both slots get new workers; numbers only grow."""
     sim = formed({0: NodeSpec(4)})

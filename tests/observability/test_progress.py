@@ -60,7 +60,7 @@ def test_a_node_past_min_nodes_waits_for_the_last_call() -> None:
 
 
 async def test_a_handler_without_events_is_left_alone() -> None:
-    """A handler with no subscribe() (the static backend) gets no reports and no error."""
+    """A handler with no subscribe() gets no reports and no error."""
     with anyio.fail_after(5):
         async with watch_rendezvous(object()):
             pass

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aioelastic.events import LoggedEvent
 from aioelastic.events._timeline import Mark, Span, build_timeline, render_timeline
@@ -113,7 +116,7 @@ def test_the_handlers_and_the_agents_completions_make_one_span() -> None:
 
 def test_labels_of_one_incident_stack_and_do_not_repeat() -> None:
     """Marks of one lane at nearly one time raise their labels; a repeated label is not shown."""
-    from aioelastic.events._timeline import _label_offsets
+    from aioelastic.events._timeline import place_labels
 
     timeline = build_timeline(
         [
@@ -124,7 +127,7 @@ def test_labels_of_one_incident_stack_and_do_not_repeat() -> None:
             ev(10.0, "RunFinished", result={"state": "succeeded"}),
         ]
     )
-    offsets = [(mark.label, raise_by) for mark, raise_by in _label_offsets(timeline)]
+    offsets = [(place.mark.label, place.row) for place in place_labels(timeline)]
     assert offsets == [
         ("reported node 2 lost", 0),
         ("participant_lost", 1),
@@ -133,14 +136,21 @@ def test_labels_of_one_incident_stack_and_do_not_repeat() -> None:
     ]
 
 
-def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank() -> None:
-    """A spare takes rank 1: the rank's lane gets a second life; the node lane marks gen 2."""
+@pytest.mark.parametrize("failure_at", [101.0, 101.01], ids=["reported-first", "reported-after"])
+def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank(
+    failure_at: float,
+) -> None:
+    """A spare takes rank 1: the rank's lane gets a second life, the killed worker's drawn as
+    failed, whether its failure is logged before or (as the agent does) after the new
+    generation; the node lane marks gen 2."""
     run = [
         ev(100.0, "RendezvousCompleted", group_rank=0, group_world_size=1, world_size=2),
         ev(100.1, "SpareStarted", pid=12),
         ev(100.1, "WorkersStarted", restart_count=0, ranks=[0, 1], pids=[10, 11]),
         ev(
-            101.0, "WorkerFailed", failure={"local_rank": 1, "rank": 1, "pid": 11, "returncode": -9}
+            failure_at,
+            "WorkerFailed",
+            failure={"local_rank": 1, "rank": 1, "pid": 11, "returncode": -9},
         ),
         ev(
             101.0,
@@ -157,8 +167,11 @@ def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank() -> 
     ]
     timeline = build_timeline(run)
     assert timeline.lanes == ("a", "spares (a)", "rank 0 (a)", "rank 1 (a)")
-    rank1 = [(s.label, s.outcome) for s in timeline.spans if s.lane == "rank 1 (a)"]
-    assert rank1 == [("pid 11, restart 0", "failed"), ("pid 12, gen 2", "succeeded")]
+    rank1 = [(s.label, s.outcome, s.end) for s in timeline.spans if s.lane == "rank 1 (a)"]
+    assert rank1 == [
+        ("pid 11, restart 0", "failed", pytest.approx(1.0)),
+        ("pid 12, gen 2", "succeeded", pytest.approx(2.0)),
+    ]
     kinds = [(m.lane, m.kind, m.label) for m in timeline.marks]
     assert ("a", "generation", "gen 2: rank 1 failed") in kinds
     assert ("a", "formed", "gen 2 formed 50 ms after the failure") in kinds
@@ -213,3 +226,47 @@ def test_the_goodput_lane_is_drawn(tmp_path: Path) -> None:
     picture = tmp_path / "run.png"
     render_timeline(build_timeline(STEPPED), str(picture))
     assert picture.read_bytes()[:4] == b"\x89PNG"
+
+
+MARKS = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "rank 0 (a)"]),
+        st.floats(0.0, 10.0),
+        st.sampled_from(["x", "exit -9", "gen 2 formed 17 ms after the failure", "succeeded"]),
+    ),
+    max_size=30,
+)
+
+
+@given(MARKS)
+def test_labels_placed_on_one_row_never_overlap_and_stay_in_the_run(
+    marks: list[tuple[str, float, str]],
+) -> None:
+    """On a lane, the labels of one row never overlap; each stays within the run (a label
+    narrower than half of it); a label not shown has its twin shown next to it."""
+    from aioelastic.events._timeline import LABEL_POINTS_PER_CHAR, Timeline, place_labels
+
+    timeline = Timeline(
+        ("a", "rank 0 (a)"), (), tuple(Mark(*m[:2], "failed", m[2]) for m in marks), 10.0
+    )
+    per_char = LABEL_POINTS_PER_CHAR * 10.0 / 650.0
+    shown: dict[tuple[str, int], list[tuple[float, float, str]]] = {}
+    hidden = []
+    for place in place_labels(timeline, plot_width=650.0):
+        mark, width = place.mark, (len(place.mark.label) + 1) * per_char
+        start = mark.time - width if place.leftward else mark.time
+        if place.row is None:
+            hidden.append((mark.lane, start, start + width, mark.label))
+            continue
+        assert (start >= 0.0, start + width <= 10.0) == (True, True)
+        shown.setdefault((mark.lane, place.row), []).append((start, start + width, mark.label))
+    for labels in shown.values():
+        ordered = sorted(labels)
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ordered))
+    for lane, start, end, label in hidden:
+        assert any(
+            s <= end and e >= start and text == label
+            for (shown_lane, _), labels in shown.items()
+            for s, e, text in labels
+            if shown_lane == lane
+        )
