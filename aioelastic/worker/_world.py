@@ -316,9 +316,8 @@ def _leaving_warned(world: World) -> Iterator[None]:
     try:
         yield
     except GeneratorExit:
-        reason = world._end_reason()
-        if reason is not None:
-            logger.warning(LEFT_AN_ENDED_WORLD, world.generation, reason)
+        if world.ended is not None:  # known, not asked: the link may be gone by now
+            logger.warning(LEFT_AN_ENDED_WORLD, world.generation, world.ended)
         raise
 
 
