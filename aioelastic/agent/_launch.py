@@ -78,6 +78,7 @@ class LaunchConfig:
     numa_binding: str | None = None
     event_log_handler: str = "null"
     expose_torch_store: bool = False
+    preemption_file: str | None = None
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -231,6 +232,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         numa_binding=args.numa_binding,
         event_log_handler=args.event_log_handler,
         expose_torch_store=args.expose_torch_store,
+        preemption_file=args.preemption_file,
     )
 
 
@@ -327,6 +329,24 @@ def describe(event: AgentEvent) -> str | None:
             return f"fenced: {event.detail}; killing the workers (SIGKILL) and joining again"
         case ev.ShutdownRequested():
             return f"received {signal_name(event.signal)}: stopping the workers"
+        case ev.PreemptionNoticed():
+            api = f"{len(event.api_ranks)} on the worker API"
+            told = f"{len(event.signalled_ranks)} sent {signal_name(event.signal)}"
+            return (
+                f"job preempted by node {event.by_node} ({event.source}): local ranks: {api}, "
+                f"{told}; deadline {event.timeout:g} s"
+            )
+        case ev.StopStepAgreed():
+            return f"every rank stops at step {event.step} ({event.since_notice * 1000:.0f} ms)"
+        case ev.RankSaved():
+            return f"rank {event.rank} saved at step {event.step} ({event.since_notice:.2f} s)"
+        case ev.PreemptionEnded():
+            if event.no_boundary:
+                ranks = ", ".join(map(str, event.no_boundary))
+                return f"preemption: rank {ranks} reached no step boundary before the deadline"
+            return None
+        case ev.RunFinished() if event.result.state is ev.RunState.PREEMPTED:
+            return f"run {event.result.reason}"
         case ev.RunFinished():
             result = event.result
             extra = f": {result.reason}" if result.reason else ""
@@ -438,7 +458,7 @@ class SignalRouter:
             task_status.started()
             async for signum in received:
                 if self.agent is not None:
-                    self.agent.request_stop(signum)
+                    self.agent.preempt(signum)
                 else:
                     self.received = signum
                     self.early_exit.cancel()
@@ -527,6 +547,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         virtual_local_rank=config.virtual_local_rank,
                         numa_binding=config.numa_binding,
                         torch_store="expose" if config.expose_torch_store else "loopback",
+                        preemption_file=config.preemption_file,
                     )
                     router.agent = ElasticAgent(
                         spec,

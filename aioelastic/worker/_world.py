@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from aioelastic.store import BlockingTCPStore, PrefixStore, TCPStore
+from aioelastic.worker import _preemption
 from aioelastic.worker._abort import AbortWatch
 from aioelastic.worker._link import AgentLinkError, Link
 from aioelastic.worker._protocol import Enter, Hello, Trouble, WorldAssigned
@@ -109,6 +110,11 @@ class World:
         }
         dist.init_process_group(backend, **{**kwargs, **options})
 
+    def should_stop(self, step: int) -> bool:
+        """Whether to save and return at boundary ``step``: True on every rank of the job at the
+        same step once any node is preempted (see ``_preemption.py``), else False, cheaply."""
+        return _preemption.should_stop(self.rank, step)
+
     # -- has it ended? ------------------------------------------------------------------------
 
     def check(self) -> None:
@@ -140,6 +146,7 @@ class World:
     # -- with world: ------------------------------------------------------------------------
 
     def __enter__(self) -> World:
+        _preemption.joined(self.rank)  # on the API: a preemption is told, not signalled
         if self._link is not None:
             self._abort = AbortWatch.start(self.generation, self._store_spec, self._forget_store)
             self._link.send(Enter(self.generation))
