@@ -422,8 +422,10 @@ class Preemption:
         active = self.active
         assert active is not None
         by = f"node {active.record.node}'s {_signal_or_file(active.record)}"
-        if ended.step is None:
-            what = "no rank on the worker API; the signal was forwarded to every worker"
+        if not active.api:
+            what = "the signal was forwarded to every worker"
+        elif ended.step is None:
+            what = "no stop step was agreed before the deadline"
         elif ended.no_boundary or ended.unsaved:
             what = f"stopped at step {ended.step}"
         else:
