@@ -155,7 +155,7 @@ async def fetch_status(
     backend: str, endpoint: str, run_id: str, conf: dict[str, str], timeout: float
 ) -> RunStatus:
     """Read run ``run_id``'s rendezvous keys from its store and decode them."""
-    from aioelastic.agent._status import read_generations
+    from aioelastic.agent._status import read_generations, read_preemption
     from aioelastic.rendezvous import RendezvousConnectionError
     from aioelastic.rendezvous import _layout as layout
     from aioelastic.rendezvous._status import read_status
@@ -170,7 +170,8 @@ async def fetch_status(
             raise RendezvousConnectionError(f"reading run {run_id!r} failed: {error}") from error
     status = read_status(run_id, snapshot.items, ttl_left)
     generations = read_generations(snapshot.items, status.round)
-    return dataclasses.replace(status, generations=generations)
+    preemption = read_preemption(snapshot.items, status.round)
+    return dataclasses.replace(status, generations=generations, preemption=preemption)
 
 
 async def fetch_stacks(

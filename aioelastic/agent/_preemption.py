@@ -72,6 +72,7 @@ NOTICE_KEY = f"{PREFIX}notice"
 READY_KEY = f"{PREFIX}ready"
 CLOSED_KEY = f"{PREFIX}closed"
 STOP_KEY = f"{PREFIX}stop"
+ENDED_PREFIX = f"{PREFIX}ended/"
 FILE_POLL_INTERVAL = 0.5
 """How often ``--preemption-file`` is looked for (a scheduler writes it; nothing signals it)."""
 
@@ -83,7 +84,7 @@ def claim_key(node: int) -> str:
 
 def ended_key(node: int) -> str:
     """Where node ``node`` leaves what its ranks did (read by ``aioelastic status``)."""
-    return f"{PREFIX}ended/{node}"
+    return f"{ENDED_PREFIX}{node}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,10 @@
 
 :func:`build_timeline` turns the records of one or more ``--events-file`` logs into lanes: one
 per node (rendezvous waits, restarts, membership changes, the end of the run) and one per
-worker rank (its lifetimes, failures and watchdog reaps). Under in-place recovery the node lane
-marks each generation (assigned, formed) and a rank's lane starts a new life where a spare or
-a new process took it. It does no I/O and reads no clock;
+worker rank (its lifetimes, failures and watchdog reaps). A preemption marks the node lane
+(noticed, the stop step, a rank that reached no step boundary) and each rank's save. Under
+in-place recovery the node lane marks each generation (assigned, formed) and a rank's lane
+starts a new life where a spare or a new process took it. It does no I/O and reads no clock;
 times are seconds since the first record. :func:`render_timeline` draws it with matplotlib
 (the optional extra ``aioelastic[timeline]``).
 
@@ -24,12 +25,16 @@ from aioelastic.agent._events import (
     GenerationFormed,
     GroupRestarting,
     MembershipChanged,
+    PreemptionEnded,
+    PreemptionNoticed,
+    RankSaved,
     RecoveryFellBack,
     RendezvousCompleted,
     RendezvousJoining,
     RunFinished,
     ShutdownRequested,
     SpareStarted,
+    StopStepAgreed,
     WorkerFailed,
     WorkerReaped,
     WorkersStarted,
@@ -168,6 +173,21 @@ class _Builder:
             self.marks.append(Mark(node_lane, when, "restart", "in-place recovery fell back"))
         elif kind == ShutdownRequested.__name__:
             self.marks.append(Mark(node_lane, when, "shutdown", f"signal {data.get('signal')}"))
+        elif kind == PreemptionNoticed.__name__:
+            label = f"preempted by node {data.get('by_node', '?')} ({data.get('source', '?')})"
+            self.marks.append(Mark(node_lane, when, "preempted", label))
+        elif kind == StopStepAgreed.__name__:
+            label = f"stop at step {data.get('step', '?')}"
+            self.marks.append(Mark(node_lane, when, "preempted", label))
+        elif kind == RankSaved.__name__:
+            lane = self._worker_lane(node, data)
+            self.marks.append(Mark(lane, when, "saved", f"saved at step {data.get('step', '?')}"))
+        elif kind == PreemptionEnded.__name__:
+            missing = data.get("no_boundary") or []
+            if missing:
+                ranks = ", ".join(map(str, missing))
+                label = f"rank {ranks}: no step boundary before the deadline"
+                self.marks.append(Mark(node_lane, when, "preempted", label))
         elif kind == RunFinished.__name__:
             result = data.get("result", {})
             self.marks.append(Mark(node_lane, when, "finished", str(result.get("state", "?"))))
@@ -229,6 +249,8 @@ MARK_STYLES = {
     "generation": ("^", "#2a9d8f"),
     "formed": ("o", "#2a9d8f"),
     "spare": ("P", "#90be6d"),
+    "preempted": ("s", "#9b2226"),
+    "saved": ("o", "#ffb703"),
 }
 
 

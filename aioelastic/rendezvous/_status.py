@@ -43,6 +43,20 @@ class GenerationStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class PreemptionStatus:
+    """A job-wide preemption of the last round, as the agents published it."""
+
+    by_node: int
+    signal: str
+    timeout: float
+    stop_step: int | None
+    """The agreed stop step (None: not agreed, or no rank on the worker API)."""
+    ready_nodes: int
+    ended: Mapping[int, Mapping[str, object]]
+    """Group rank -> what its ranks did (saved, no_boundary, unsaved, since_notice)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunStatus:
     """The rendezvous state of one run."""
 
@@ -58,6 +72,8 @@ class RunStatus:
     """Node ids handed out so far (every handler that ever entered)."""
     generations: tuple[GenerationStatus, ...] = ()
     """Nodes running ``--recovery in-place``: their world's generation and spares."""
+    preemption: PreemptionStatus | None = None
+    """The last round's preemption, if the job was preempted."""
 
 
 def read_status(
@@ -145,9 +161,35 @@ def format_status(status: RunStatus) -> str:
             f"world size {len(world.pids)}, pids {' '.join(map(str, world.pids))}; "
             f"spares ready: {spares}"
         )
+    if status.preemption is not None:
+        lines.extend(_preemption_lines(status.preemption))
     if not status.round and not status.waiting:
         lines.append("  no node has joined this run yet (check --rdzv-id)")
     return "\n".join(lines)
+
+
+def _preemption_lines(preemption: PreemptionStatus) -> list[str]:
+    step = preemption.stop_step
+    agreed = "not agreed yet" if step is None else f"stop step {step}"
+    lines = [
+        f"  preempted by node {preemption.by_node} ({preemption.signal}, "
+        f"{preemption.timeout:g} s deadline): {agreed}, "
+        f"{_count(preemption.ready_nodes, 'node')} ready"
+    ]
+    for node, ended in sorted(preemption.ended.items()):
+        parts = [f"saved {_ranks(ended.get('saved'))}"]
+        for key, what in (("no_boundary", "no step boundary"), ("unsaved", "not saved")):
+            if ended.get(key):
+                parts.append(f"{what} {_ranks(ended.get(key))}")
+        since = ended.get("since_notice")
+        took = f" ({since:.2f} s after the notice)" if isinstance(since, float) else ""
+        lines.append(f"  node of rank {node}: {'; '.join(parts)}{took}")
+    return lines
+
+
+def _ranks(value: object) -> str:
+    ranks = list(value) if isinstance(value, list | tuple) else []
+    return "ranks " + ", ".join(map(str, ranks)) if ranks else "none"
 
 
 def _heartbeat(node: NodeStatus) -> str:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -83,6 +84,7 @@ class Trial:
     job: Job
     out: Path
     tg: anyio.abc.TaskGroup
+    endpoint: str = ""
 
     def saved(self) -> dict[int, dict[str, Any]]:
         """Rank -> what it wrote on the API."""
@@ -108,7 +110,7 @@ class Trial:
     ) -> None:
         """Start the job on every host; return once ``lines`` workers said they train."""
         hosts = self.net.hosts
-        endpoint = await self.job.endpoint(backend, hosts)
+        endpoint = self.endpoint = await self.job.endpoint(backend, hosts)
         path = self.out.parent / "worker.py"
         path.write_text(script)
         for host in hosts:
@@ -133,6 +135,13 @@ class Trial:
                 await job._changed.wait()
             return
         raise AssertionError(f"not {count} lines with {text!r}\n{job.consoles()}")
+
+    async def status(self, backend: str) -> str:
+        """``aioelastic status`` of the job, run on host 0."""
+        argv = [sys.executable, "-m", "aioelastic", "status", "--rdzv-backend", backend]
+        argv += ["--rdzv-endpoint", self.endpoint, "--rdzv-id", "job"]
+        done = await self.net.hosts[0].run(argv)
+        return done.stdout.decode()
 
     async def preempt(self, host: Host, signum: int = signal.SIGTERM) -> list[int | None]:
         """Signal the agent on ``host``; return every agent's exit status once all exited."""

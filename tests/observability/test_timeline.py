@@ -163,3 +163,22 @@ def test_in_place_recovery_draws_generations_and_the_spare_taking_the_rank() -> 
     assert ("a", "generation", "gen 2: rank 1 failed") in kinds
     assert ("a", "formed", "gen 2 formed 50 ms after the failure") in kinds
     assert ("rank 1 (a)", "spare", "spare pid 12 took the rank") in kinds
+
+
+def test_a_preemption_marks_the_node_and_each_rank_that_saved() -> None:
+    """The notice and the stop step mark the node lane; each save marks its rank's lane; a
+    rank that reached no boundary is named on the node lane."""
+    run = [
+        ev(100.0, "WorkersStarted", restart_count=0, ranks=[0, 1], pids=[10, 11]),
+        ev(101.0, "PreemptionNoticed", by_node=1, signal=15, source="signal"),
+        ev(101.1, "StopStepAgreed", step=7, since_notice=0.1),
+        ev(101.5, "RankSaved", rank=0, local_rank=0, pid=10, step=7, since_notice=0.5),
+        ev(101.6, "PreemptionEnded", step=7, saved=[0], no_boundary=[1], unsaved=[]),
+    ]
+    marks = [(m.lane, m.kind, m.label) for m in build_timeline(run).marks]
+    assert marks == [
+        ("a", "preempted", "preempted by node 1 (signal)"),
+        ("a", "preempted", "stop at step 7"),
+        ("rank 0 (a)", "saved", "saved at step 7"),
+        ("a", "preempted", "rank 1: no step boundary before the deadline"),
+    ]
