@@ -92,3 +92,22 @@ async def test_the_preemption_example_saves_every_rank_at_one_step(tmp_path: Pat
     assert len(set(steps)) == 1, run
     assert f"run preempted, saved at step {steps[0]} (node 0's SIGTERM)" in run.err.text
     assert status == 128 + signal.SIGTERM, run
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_notice_file_preempts_the_job_as_sigterm_does(tmp_path: Path) -> None:
+    """``--preemption-file``: the file appearing is the scheduler's notice; the ranks save at
+    one step and the run ends preempted by the notice file (exit status 128 + SIGTERM)."""
+    notice, out = tmp_path / "notice", tmp_path / "out"
+    argv = ["--standalone", "--nproc-per-node", "2", "--preemption-file", str(notice)]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, str(EXAMPLE), str(out)) as run:
+            await run.out.wait_for("training", count=2)
+            await anyio.Path(notice).write_text("preempted\n")
+            status = await run.wait()
+    steps = saved_steps(out)
+    assert len(steps) == 2, run
+    assert len(set(steps)) == 1, run
+    assert f"run preempted, saved at step {steps[0]} (node 0's notice file)" in run.err.text
+    assert status == 128 + signal.SIGTERM, run

@@ -85,6 +85,8 @@ async def test_every_plain_worker_on_every_node_runs_its_sigterm_handler() -> No
         handled = t.handled()
         assert sorted(handled) == list(range(6)), t.job.consoles()
         assert sorted(set(handled.values())) == sorted(h.addr for h in t.net.hosts)
+        printed = sum(a.console.count(": SIGTERM, saving") for a in t.job.agents)
+        assert printed == 6, t.job.consoles()  # the handlers' output reached every console
         assert statuses == [PREEMPTED] * 3, t.job.consoles()
         for host in t.net.hosts:
             (noticed,) = t.events(host, "PreemptionNoticed")
