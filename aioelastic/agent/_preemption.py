@@ -247,7 +247,11 @@ class Preemption:
             return await waiter()
 
         async def noticed() -> tuple[Outcome, str] | PreemptionRecord:
-            return PreemptionRecord.decode(await store.get(NOTICE_KEY, timeout=math.inf))
+            try:
+                return PreemptionRecord.decode(await store.get(NOTICE_KEY, timeout=math.inf))
+            except StoreError:  # the store is lost: the rendezvous's waiter says so, its way
+                await anyio.sleep_forever()
+                raise
 
         async def asked() -> tuple[Outcome, str] | PreemptionRecord:
             await self._requested.wait()
