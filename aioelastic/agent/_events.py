@@ -184,7 +184,8 @@ class PreemptionEnded:
     ``saved``: ranks that stopped at ``step`` and returned; ``no_boundary``: ranks on the API
     that reached no step boundary before the deadline; ``unsaved``: ranks that stopped but did
     not return in time (or failed); ``signalled``: ranks not on the API, with their exit status.
-    ``since_notice``: seconds from the notice on this node to its last rank's save.
+    ``since_notice``: seconds from the notice on this node until its last worker exited (saved);
+    ``all_stopping``: until its last rank on the API was told to stop (None: not all were).
     """
 
     step: int | None
@@ -193,6 +194,7 @@ class PreemptionEnded:
     unsaved: tuple[int, ...]
     signalled: tuple[tuple[int, int | None], ...]
     since_notice: float
+    all_stopping: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,8 @@ class _Connection:
     rank: int | None = None
     stopping: int | None = None
     """The step at which ``should_stop`` said True, once it did."""
+    stopping_at: float | None = None
+    """When it said so, on the monotonic clock."""
     asked: bool = False
 
     async def send(self, message: PreemptMessage) -> None:
@@ -222,7 +224,7 @@ class Preemption:
                 connection.asked = True
                 await connection.send(Answer(message.step, await self._ask(connection, message)))
             case Stopping():
-                connection.stopping = message.step
+                connection.stopping, connection.stopping_at = message.step, time.monotonic()
             case _:
                 raise LinkProtocolError(f"a worker sent an agent's message: {message}")
 
@@ -409,6 +411,10 @@ class Preemption:
         )
         ends = [w.ended_at for w in group.workers if w.ended_at is not None]
         last = max(ends, default=time.monotonic()) - active.noticed_at
+        told = [c.stopping_at for c in active.api.values()]
+        all_stopping = None
+        if told and all(at is not None for at in told):
+            all_stopping = max(at for at in told if at is not None) - active.noticed_at
         ended = PreemptionEnded(
             active.stop_step,
             tuple(sorted(saved)),
@@ -416,6 +422,7 @@ class Preemption:
             tuple(sorted(unsaved)),
             signalled,
             max(0.0, last),
+            all_stopping,
         )
         self._emit(ended)
         with anyio.move_on_after(5), suppress(StoreError):

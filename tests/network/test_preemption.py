@@ -38,6 +38,7 @@ def check_saved_at_one_step(t: Trial, statuses: list[int | None], signalled: int
         assert sorted(e["step"] for e in t.events(host, "RankSaved")) == [step, step]
         (ended,) = t.events(host, "PreemptionEnded")
         assert ended["no_boundary"] == []
+        assert ended["all_stopping"] <= ended["since_notice"]
         assert ended["unsaved"] == []
     (mine,) = t.events(t.net.hosts[signalled], "PreemptionNoticed")
     assert mine["by_node"] == mine["node"]  # the signalled agent's own notice...
