@@ -10,7 +10,8 @@ the same run:
   saves); the other nodes' ranks see their collective break.
 
 Reported (medians of ``--repeat`` runs): signal -> last save, signal -> every launcher exited,
-ranks saved (of 6) and whether they saved at one step. Run ``python -m bench.preemption``.
+ranks saved (of 6) and whether they saved at one step; and the CPU one ``should_stop`` costs a
+step without a notice. Run ``python -m bench.preemption``.
 """
 
 from __future__ import annotations
@@ -97,6 +98,20 @@ def one_run(mode: str, workdir: Path) -> dict[str, float] | str:
     }
 
 
+def should_stop_cpu(calls: int = 200_000) -> float:
+    """CPU microseconds of one ``should_stop`` without a notice (a connected link; CPU time, so
+    a loaded machine does not inflate it)."""
+    from aioelastic.worker._preemption import PreemptionLink
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        link = PreemptionLink(ours)
+        started = time.process_time()
+        for step in range(calls):
+            link.should_stop(step)
+        return (time.process_time() - started) / calls * 1e6
+
+
 def median(runs: list[dict[str, float] | str], key: str) -> float | str:
     values = [r[key] for r in runs if isinstance(r, dict)]
     if not values:
@@ -140,6 +155,7 @@ def main() -> None:
     ours, theirs = median(runs["aioelastic"], "saved"), median(runs["torchrun"], "saved")
     if isinstance(ours, float) and isinstance(theirs, float) and theirs:
         print(f"ranks saved: {ours / theirs:.1f}x torchrun's")
+    print(f"should_stop without a notice: {should_stop_cpu():.2f} us of CPU a step")
 
 
 if __name__ == "__main__":
