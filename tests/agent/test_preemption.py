@@ -111,3 +111,32 @@ async def test_a_notice_file_preempts_the_job_as_sigterm_does(tmp_path: Path) ->
     assert len(set(steps)) == 1, run
     assert f"run preempted, saved at step {steps[0]} (node 0's notice file)" in run.err.text
     assert status == 128 + signal.SIGTERM, run
+
+
+HUNG_ON_THE_API = """
+import time
+from aioelastic import worker
+for world in worker.worlds():
+    with world:
+        print("entered", flush=True)
+        time.sleep(600)  # never reaches a step boundary
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_second_signal_stops_the_node_at_once(tmp_path: Path) -> None:
+    """A worker on the API that never reaches a boundary holds the preemption until its
+    deadline; a second SIGTERM does not wait for it: the signal is forwarded, the run stops."""
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG_ON_THE_API)
+    argv = ["--standalone", "--nproc-per-node", "1", "--shutdown-timeout", "600", str(script)]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv) as run:
+            await run.out.wait_for("entered")
+            run.send_signal(signal.SIGTERM)
+            await run.err.wait_for("job preempted by node 0")
+            run.send_signal(signal.SIGTERM)
+            status = await run.wait()
+    assert "run stopped: stopped by SIGTERM" in run.err.text, run
+    assert status == 128 + signal.SIGTERM, run
