@@ -138,14 +138,19 @@ _LINK: PreemptionLink | None = None
 
 def joined(rank: int) -> PreemptionLink | None:
     """This process's preemption link, connected on first use and told its ``rank``; None
-    without an agent (no ``AIOELASTIC_PREEMPT_SOCKET``)."""
+    without an agent (no ``AIOELASTIC_PREEMPT_SOCKET``, or it cannot be reached: a warning
+    says why, and the agent forwards its signal to this process as to a plain worker)."""
     global _LINK
     if _LINK is None:
         path = os.environ.get(PREEMPT_SOCKET_ENV)
         if not path:
             return None
         os.environ.pop(PREEMPT_SOCKET_ENV)  # a child of this worker is not this rank
-        _LINK = PreemptionLink.connect(path)
+        try:
+            _LINK = PreemptionLink.connect(path)
+        except AgentLinkError as exc:
+            logger.warning("preemption: %s; should_stop() is always False", exc)
+            return None
     try:
         _LINK.join(rank)
     except AgentLinkError as exc:

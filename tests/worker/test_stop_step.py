@@ -4,15 +4,21 @@ whole job (ranks, agents, a store) run under every interleaving hypothesis finds
 from __future__ import annotations
 
 import itertools
+import logging
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aioelastic.worker import _preemption
 from aioelastic.worker._protocol import LinkProtocolError
 from aioelastic.worker._stop_step import (
+    PREEMPT_SOCKET_ENV,
     Answer,
     Ask,
     Gate,
@@ -335,3 +341,33 @@ def test_every_rank_stops_at_one_step_that_none_has_passed(
     assert {rank.boundary for rank in job.ranks} == {stop}
     assert max(rank.highest for rank in job.ranks) == stop
     assert min(stop - place for place in job.noticed_at.values()) >= 0
+
+
+def test_a_worker_whose_agent_socket_is_gone_runs_on_without_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stale ``AIOELASTIC_PREEMPT_SOCKET`` is a warning, not a crash: should_stop is False."""
+    monkeypatch.setattr(_preemption, "_LINK", None)
+    monkeypatch.setenv(PREEMPT_SOCKET_ENV, str(tmp_path / "gone.sock"))
+    with caplog.at_level(logging.WARNING, logger="aioelastic.worker"):
+        assert _preemption.should_stop(0, 5) is False
+    assert "cannot reach the agent's preemption socket" in caplog.text
+    assert PREEMPT_SOCKET_ENV not in os.environ
+
+
+def test_a_worker_asks_after_the_notice_and_stops_at_the_step_it_is_told() -> None:
+    """Over a real socket: no notice, no question; after it, one Ask a boundary until the stop
+    step comes; at the stop step the worker says it is stopping, once."""
+    ours, agent = socket.socketpair()
+    with ours, agent:
+        link = _preemption.PreemptionLink(ours)
+        link.join(3)
+        assert link.should_stop(1) is False
+        agent.sendall(b"".join(map(encode_message, [Notice(0, 30.0), Answer(2, None)])))
+        assert link.should_stop(2) is False
+        agent.sendall(encode_message(StopAt(3)))
+        assert [link.should_stop(3), link.should_stop(3)] == [True, True]
+        agent.setblocking(False)
+        heard = [decode_message(line) for line in agent.recv(4096).splitlines()]
+    assert heard == [Join(os.getpid(), 3), Ask(2), Stopping(3)]
+    assert link.stop_step == 3
