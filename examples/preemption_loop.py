@@ -22,12 +22,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     for world in worker.worlds():
         with world:
-            print(f"rank {world.rank}: training", flush=True)
             for step in itertools.count():
                 if world.should_stop(step):  # True on every rank at the same step
                     (out / f"rank-{world.rank}.step").write_text(f"{step}\n")  # the save
                     print(f"rank {world.rank}: saved at step {step}", flush=True)
                     return
+                if step == 0:  # from the first should_stop on, the agent tells, not signals
+                    print(f"rank {world.rank}: training", flush=True)
                 time.sleep(0.02)  # one training step
 
 

@@ -11,12 +11,12 @@ first of:
 * the round becoming invalid (a node waits to join, or a participant was lost): the group is
   stopped and re-rendezvouses without costing a restart; a round closed by another node ends
   the run as failed;
-* a shutdown signal (or ``preemption_file`` appearing) while workers run under ``--recovery
-  restart``: the whole job is preempted (``_preemption.py``): every node's workers stop at one
-  agreed step (or get the signal, where they are not on the worker API) within the shutdown
-  timeout, and the run ends as preempted. A signal at any other time, or a second one, stops
-  this node: it is forwarded to the workers, SIGKILL follows after the shutdown timeout (or at
-  once on a second signal), and the run ends as stopped.
+* a shutdown signal (or ``preemption_file`` appearing) while workers run: the whole job is
+  preempted (``_preemption.py``): every node's workers stop at one agreed step (or get the
+  signal, where they are not on the worker API) within the shutdown timeout, and the run ends
+  as preempted. Under in-place recovery across nodes, and at any other time, or on a second
+  signal, the signal stops this node: it is forwarded to the workers, SIGKILL follows after the
+  shutdown timeout (or at once on a second signal), and the run ends as stopped.
 
 Under ``--recovery in-place`` across nodes an attempt outlives rounds: a membership change
 joins the next round while the workers run (:meth:`ElasticAgent._follow_rounds`), and the
@@ -74,7 +74,6 @@ from aioelastic.agent._preemption import Preemption, watch_file
 from aioelastic.agent._recovery import (
     INPLACE_RECORD_PREFIX,
     Attempts,
-    InPlaceGroup,
     NodeRecord,
     SharedInPlaceGroup,
 )
@@ -581,9 +580,10 @@ class ElasticAgent(Service):
         if isinstance(group, SharedInPlaceGroup):
             waiter = self._follow_rounds
         preemption, store = self._preemption, self._round_store
-        # In-place recovery answers a node's signal its own way: the node leaves, the others
-        # go on in a smaller world (or, on one node, the run stops as before).
-        if preemption is not None and store is not None and not isinstance(group, InPlaceGroup):
+        # In-place recovery across nodes answers a node's signal its own way: the node
+        # leaves, and the others go on in a smaller world.
+        shared = isinstance(group, SharedInPlaceGroup)
+        if preemption is not None and store is not None and not shared:
             follow = waiter
 
             async def waiter() -> tuple[Outcome, str]:

@@ -147,6 +147,10 @@ class WorkerGroup:
             if w.process.returncode is not None
         }
 
+    def bystanders(self) -> set[int]:
+        """Pids a preemption neither tells nor signals (in-place recovery's waiting spares)."""
+        return set()
+
     def worker_by_pid(self, pid: int) -> _Worker | None:
         """The worker whose process is ``pid``, if it is one of this group's."""
         return next((w for w in self.workers if w.process.pid == pid), None)

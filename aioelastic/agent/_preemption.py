@@ -7,11 +7,11 @@ each learns it within a store round trip, and each counts the deadline from then
 clock (no wall clocks compared). Then, on every node:
 
 * workers on the worker API (they said :class:`~aioelastic.worker._stop_step.Join` on the
-  agent's preemption socket when they entered ``with world:``) are told, and agree on the stop
-  step through their agents (the protocol is ``aioelastic/worker/_stop_step.py``: claims per
+  agent's preemption socket at their first ``world.should_stop``) are told, and agree on the
+  stop step through their agents (the protocol is ``aioelastic/worker/_stop_step.py``: claims per
   node, a ready count, the closing and the stop step, all in the store);
 * the other workers get the signal, as under torchrun, but on every node, not only the one
-  that got it;
+  that got it (in-place recovery's waiting spares get neither: the group's stop ends them);
 * the group stops restarting and stops following the rendezvous: it waits for every worker to
   exit, and SIGKILLs what still runs at the deadline.
 
@@ -285,9 +285,10 @@ class Preemption:
             record, store, node, nodes, time.monotonic(), deadline, NodeClaims()
         )
         group.draining = True
+        bystanders = group.bystanders()
         for worker in group.workers:
             pid = worker.process.pid
-            if worker.process.returncode is not None:
+            if worker.process.returncode is not None or pid in bystanders:
                 continue
             connection = self._by_pid.get(pid)
             if connection is not None and connection.rank is not None:

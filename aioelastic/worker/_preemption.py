@@ -1,12 +1,13 @@
 """The worker's side of a job-wide preemption: ``world.should_stop(step)``.
 
 ``aioelastic run`` gives each worker the path of its agent's preemption socket
-(``AIOELASTIC_PREEMPT_SOCKET``). Entering ``with world:`` connects to it once per process and
-says which rank this is (:class:`Join`): from then on the agent does not forward a shutdown
-signal to this process, it tells it (:class:`Notice`) and the rank stops at the step the job
-agrees (``_stop_step.py``). Until a notice arrives, :func:`should_stop` is one non-blocking
-``recv`` on the socket; afterwards it asks the agent at each boundary until the stop step is
-known (a step or two). Without an agent it is always False.
+(``AIOELASTIC_PREEMPT_SOCKET``). The first ``should_stop`` connects to it (once per process)
+and says which rank this is (:class:`Join`): from then on the agent does not forward a shutdown
+signal to this process (a worker that never asks gets it), it tells it (:class:`Notice`), and
+the rank stops at the step the job agrees (``_stop_step.py``). Until a notice arrives,
+:func:`should_stop` is one non-blocking ``recv`` on the socket; afterwards it asks the agent at
+each boundary until the stop step is known (a step or two). Without an agent it is always
+False.
 """
 
 from __future__ import annotations

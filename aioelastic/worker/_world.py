@@ -146,7 +146,6 @@ class World:
     # -- with world: ------------------------------------------------------------------------
 
     def __enter__(self) -> World:
-        _preemption.joined(self.rank)  # on the API: a preemption is told, not signalled
         if self._link is not None:
             self._abort = AbortWatch.start(self.generation, self._store_spec, self._forget_store)
             self._link.send(Enter(self.generation))

@@ -78,10 +78,18 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "preemption_loop.py"
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_the_preemption_example_saves_every_rank_at_one_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "recovery",
+    [(), ("--recovery", "in-place", "--spares", "1")],
+    ids=["restart", "in-place-with-a-spare"],
+)
+async def test_the_preemption_example_saves_every_rank_at_one_step(
+    tmp_path: Path, recovery: tuple[str, ...]
+) -> None:
     """The 10-line loop under ``aioelastic run``: SIGTERM once both ranks train; both save at
-    one step and the run says so, exiting 128 + SIGTERM."""
-    argv = ["--standalone", "--nproc-per-node", "2", str(EXAMPLE), str(tmp_path)]
+    one step and the run says so, exiting 128 + SIGTERM (in place: the spare is no rank and
+    gets no signal, so nothing fails)."""
+    argv = ["--standalone", "--nproc-per-node", "2", *recovery, str(EXAMPLE), str(tmp_path)]
     with anyio.fail_after(BOUND):
         async with launched(*argv) as run:
             await run.out.wait_for("training", count=2)
@@ -91,6 +99,7 @@ async def test_the_preemption_example_saves_every_rank_at_one_step(tmp_path: Pat
     assert len(steps) == 2, run
     assert len(set(steps)) == 1, run
     assert f"run preempted, saved at step {steps[0]} (node 0's SIGTERM)" in run.err.text
+    assert "failed" not in run.err.text, run
     assert status == 128 + signal.SIGTERM, run
 
 
@@ -118,8 +127,9 @@ import time
 from aioelastic import worker
 for world in worker.worlds():
     with world:
+        world.should_stop(0)
         print("entered", flush=True)
-        time.sleep(600)  # never reaches a step boundary
+        time.sleep(600)  # never reaches another step boundary
 """
 
 
