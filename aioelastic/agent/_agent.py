@@ -254,7 +254,10 @@ class ElasticAgent(Service):
                 anyio.create_task_group() as tg,
             ):
                 self._preemption = Preemption(
-                    private, timeout=self.spec.shutdown_timeout, emit=self._emit
+                    private,
+                    timeout=self.spec.shutdown_timeout,
+                    emit=self._emit,
+                    stop_node=self.request_stop,
                 )
                 self._add_worker_env(self._preemption.env())
                 await tg.start(self._preemption.serve)

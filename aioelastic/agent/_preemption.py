@@ -153,11 +153,18 @@ class Preemption:
     """
 
     def __init__(
-        self, directory: str, *, timeout: float, emit: Callable[[AgentEvent], None]
+        self,
+        directory: str,
+        *,
+        timeout: float,
+        emit: Callable[[AgentEvent], None],
+        stop_node: Callable[[int], None],
     ) -> None:
         self.path = os.path.join(directory, "preempt.sock")
         self.timeout = timeout
         self._emit = emit
+        self._stop_node = stop_node
+        """What a signal does when the job cannot be told: stop this node (the agent's own)."""
         self._by_pid: dict[int, _Connection] = {}
         self._requested = anyio.Event()
         self._request: tuple[int, str] | None = None
@@ -269,7 +276,9 @@ class Preemption:
             if self._request is None:
                 raise
             logger.warning("preemption: could not tell the job (%s); stopping this node", exc)
-            return Outcome.FAILED, f"preempted, but the job's store failed: {exc}"
+            self._stop_node(self._request[0])
+            await anyio.sleep_forever()  # the stop cancels the attempt
+            raise
         finally:
             self._watching = False
         if not isinstance(first, PreemptionRecord):

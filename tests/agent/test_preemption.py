@@ -3,6 +3,7 @@ back from the store, and the run's final line."""
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 from pathlib import Path
@@ -10,15 +11,19 @@ from pathlib import Path
 import anyio
 import pytest
 
+from aioelastic.agent._group import Outcome
 from aioelastic.agent._preemption import (
     NOTICE_KEY,
     READY_KEY,
     STOP_KEY,
+    Preemption,
     PreemptionRecord,
     ended_key,
 )
 from aioelastic.agent._status import read_preemption
 from aioelastic.rendezvous._status import PreemptionStatus, RunStatus, format_status
+from aioelastic.store import MemoryStore
+from aioelastic.testing import FaultyStore
 from tests.agent.conftest import BOUND, launched
 
 
@@ -150,3 +155,39 @@ async def test_a_second_signal_stops_the_node_at_once(tmp_path: Path) -> None:
             status = await run.wait()
     assert "run stopped: stopped by SIGTERM" in run.err.text, run
     assert status == 128 + signal.SIGTERM, run
+
+
+@pytest.mark.anyio
+async def test_a_signal_the_job_cannot_be_told_of_stops_this_node(tmp_path: Path) -> None:
+    """The store is lost when the signal comes: the node stops on its own, as before (the
+    signal forwarded to its workers), instead of restarting them or waiting for a notice."""
+    stopped: list[int] = []
+    done = anyio.Event()
+
+    def stop_node(signum: int) -> None:
+        stopped.append(signum)
+        done.set()
+
+    preemption = Preemption(
+        str(tmp_path), timeout=5.0, emit=lambda event: None, stop_node=stop_node
+    )
+    store = FaultyStore(MemoryStore())
+    store.partition()
+    assert preemption.request(signal.SIGHUP)
+    assert not preemption.request(signal.SIGHUP)  # a second signal: the caller stops at once
+
+    async def rendezvous() -> tuple[Outcome, str]:
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            functools.partial(
+                preemption.watch, rendezvous, store=store, node=0, nodes=1, group=None
+            )
+        )
+        with anyio.fail_after(BOUND):
+            await done.wait()
+        tg.cancel_scope.cancel()
+    assert stopped == [signal.SIGHUP]
+    assert preemption.active is None
