@@ -156,7 +156,7 @@ async def fetch_status(
     backend: str, endpoint: str, run_id: str, conf: dict[str, str], timeout: float
 ) -> RunStatus:
     """Read run ``run_id``'s rendezvous keys from its store and decode them."""
-    from aioelastic.agent._status import read_generations, read_step_times
+    from aioelastic.agent._status import read_generations, read_preemption, read_step_times
     from aioelastic.rendezvous import RendezvousConnectionError
     from aioelastic.rendezvous import _layout as layout
     from aioelastic.rendezvous._status import read_status
@@ -172,7 +172,10 @@ async def fetch_status(
     status = read_status(run_id, snapshot.items, ttl_left)
     generations = read_generations(snapshot.items, status.round)
     steps = read_step_times(snapshot.items, status.round)
-    return dataclasses.replace(status, generations=generations, step_times=steps)
+    preemption = read_preemption(snapshot.items, status.round)
+    return dataclasses.replace(
+        status, generations=generations, step_times=steps, preemption=preemption
+    )
 
 
 async def fetch_stacks(

@@ -26,7 +26,7 @@ from bench._report import BenchRun, render_chart, render_markdown, runs_in
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = (
     "timer", "store", "rendezvous", "rendezvous_etcd", "agent", "recovery",
-    "recovery_nodes", "scale",
+    "recovery_nodes", "preemption", "scale",
 )  # fmt: skip
 LOGS = ROOT / "bench" / "logs"
 CHART = "bench/ratios.png"

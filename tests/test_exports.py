@@ -22,9 +22,11 @@ PUBLIC = {
     "aioelastic.agent": {
         "AgentError", "AgentEvent", "AgentStateError", "AgentStatistics", "ElasticAgent",
         "ForensicsSpec", "GroupRestarting", "HangReport", "LogDirectoryCreated", "LogSpec",
-        "MembershipChanged", "NodeFenced", "NodeSlot", "RendezvousCompleted", "RendezvousJoining",
+        "MembershipChanged", "NodeFenced", "NodeSlot", "PreemptionEnded", "PreemptionNoticed",
+        "RankSaved", "RendezvousCompleted", "RendezvousJoining",
         "RoundInfo", "RunFinished", "RunResult", "RunState", "ShutdownRequested", "StackRecord",
-        "StacksCaptured", "Std", "TimeoutsLearnedIn", "WorkerFailed", "WorkerFailure",
+        "StacksCaptured", "Std", "StopStepAgreed", "TimeoutsLearnedIn", "WorkerFailed",
+        "WorkerFailure",
         "WorkerRanks", "WorkerReaped", "WorkerSpawnError", "WorkerSpec", "WorkerSpecError",
         "WorkerSucceeded", "WorkersStarted", "WorkersStopped", "assign_ranks", "format_report",
         "worker_env",

@@ -11,8 +11,12 @@ first of:
 * the round becoming invalid (a node waits to join, or a participant was lost): the group is
   stopped and re-rendezvouses without costing a restart; a round closed by another node ends
   the run as failed;
-* a shutdown signal: it is forwarded to the workers, SIGKILL follows after the shutdown
-  timeout (or at once on a second signal), and the run ends as stopped.
+* a shutdown signal (or ``preemption_file`` appearing) while workers run: the whole job is
+  preempted (``_preemption.py``): every node's workers stop at one agreed step (or get the
+  signal, where they are not on the worker API) within the shutdown timeout, and the run ends
+  as preempted. Under in-place recovery across nodes, and at any other time, or on a second
+  signal, the signal stops this node: it is forwarded to the workers, SIGKILL follows after the
+  shutdown timeout (or at once on a second signal), and the run ends as stopped.
 
 Under ``--recovery in-place`` across nodes an attempt outlives rounds: a membership change
 joins the next round while the workers run (:meth:`ElasticAgent._follow_rounds`), and the
@@ -69,6 +73,7 @@ from aioelastic.agent._group import Consoles, Outcome, WorkerGroup
 from aioelastic.agent._guardian import Guardian, guardian_for
 from aioelastic.agent._logs import console_writer, make_run_log_dir
 from aioelastic.agent._policy import Decision, Step, after_attempt
+from aioelastic.agent._preemption import Preemption, watch_file
 from aioelastic.agent._recovery import (
     INPLACE_RECORD_PREFIX,
     Attempts,
@@ -162,6 +167,7 @@ class ElasticAgent(Service):
         self._info: RendezvousInfo | None = None
         """The round this node is in (in-place recovery across nodes follows later rounds)."""
         self._worker_store: WorkerStore | None = None
+        self._preemption: Preemption | None = None
         self._private_dir = ""
         self._log_dir: Path | None = None
         self._rounds = 0
@@ -205,6 +211,21 @@ class ElasticAgent(Service):
         if self._main_scope is not None:
             self._main_scope.cancel()
 
+    def preempt(self, signum: int = signal.SIGTERM, *, source: str = "signal") -> None:
+        """A preemption notice reached this node (``signum``, or a notice file): while workers
+        run, the whole job stops at an agreed step (see ``_preemption.py``); otherwise, or when
+        this node was already told once, it is :meth:`request_stop`."""
+        preemption = self._preemption
+        if (
+            preemption is None
+            or self._stop_signal is not None
+            or not (preemption.watching or preemption.active is not None)
+            or not preemption.request(signum, source)
+        ):
+            self.request_stop(signum)
+            return
+        self._emit(ShutdownRequested(signum))
+
     def _stop_serving(self, group: TaskGroup) -> None:
         """Leaving ``async with`` stops the run gracefully (SIGTERM to the workers first)."""
         if self._final is None:
@@ -243,6 +264,16 @@ class ElasticAgent(Service):
                 ) as self._guardian,
                 anyio.create_task_group() as tg,
             ):
+                self._preemption = Preemption(
+                    private,
+                    timeout=self.spec.shutdown_timeout,
+                    emit=self._emit,
+                    stop_node=self.request_stop,
+                )
+                self._add_worker_env(self._preemption.env())
+                await tg.start(self._preemption.serve)
+                if self.spec.preemption_file is not None:
+                    tg.start_soon(watch_file, self.spec.preemption_file, self._preempt_by_file)
                 if self._shutdown_signals:
                     await tg.start(self._watch_signals)
                 await self._start_watchdog(tg)
@@ -277,7 +308,10 @@ class ElasticAgent(Service):
         with anyio.open_signal_receiver(*self._shutdown_signals) as received:
             task_status.started()
             async for signum in received:
-                self.request_stop(signum)
+                self.preempt(signum)
+
+    def _preempt_by_file(self) -> None:
+        self.preempt(signal.SIGTERM, source="file")
 
     async def _start_watchdog(self, tg: TaskGroup) -> None:
         enabled = self.spec.watchdog
@@ -402,6 +436,8 @@ class ElasticAgent(Service):
             assert self._worker_store is not None
             async with self._worker_store.attempt(info, round_info) as round_info:
                 group, outcome, detail = await self._run_attempt(round_info, ranks)
+            if self._preemption is not None and self._preemption.active is not None:
+                return await self._preempted(group, self._info or info)
             decision = self._decide(outcome, detail)
             match decision.step:
                 case Step.SUCCEED:
@@ -421,6 +457,21 @@ class ElasticAgent(Service):
                     except RendezvousError as exc:
                         reason += f"; the other nodes were not told (closing failed: {exc})"
                     return self._result(RunState.FAILED, group, reason=reason)
+
+    async def _preempted(self, group: WorkerGroup, info: RendezvousInfo) -> RunResult:
+        """The run's end after a preemption: what each rank did, then the exit barrier."""
+        preemption = self._preemption
+        assert preemption is not None
+        assert preemption.active is not None
+        ended = await preemption.finish(group)
+        await self._exit_barrier(info)
+        return RunResult(
+            RunState.PREEMPTED,
+            returncodes=group.returncodes,
+            restart_count=self._restart_count,
+            signal=preemption.active.record.signal,
+            reason=preemption.reason(ended),
+        )
 
     def _decide(self, outcome: Outcome, detail: str) -> Decision:
         return after_attempt(
@@ -544,10 +595,28 @@ class ElasticAgent(Service):
         waiter = self._wait_round_or_answer_stacks
         if isinstance(group, SharedInPlaceGroup):
             waiter = self._follow_rounds
+        preemption, store = self._preemption, self._round_store
+        # In-place recovery across nodes answers a node's signal its own way: the node
+        # leaves, and the others go on in a smaller world.
+        shared = isinstance(group, SharedInPlaceGroup)
+        if preemption is not None and store is not None and not shared:
+            follow = waiter
+
+            async def waiter() -> tuple[Outcome, str]:
+                assert preemption is not None
+                assert store is not None
+                return await preemption.watch(
+                    follow,
+                    store=store,
+                    node=info.group_rank,
+                    nodes=info.group_world_size,
+                    group=group,
+                )
+
         try:
             outcome, detail = await group.run(
                 waiter,
-                shutdown=lambda: self._stop_signal,
+                shutdown=self._shutdown_signal,
                 kill_now=self._kill_now,
             )
         finally:
@@ -555,6 +624,15 @@ class ElasticAgent(Service):
             self._workers_started += len(group.workers)
             self._worker_failures += len(group.failures())
         return group, outcome, detail
+
+    def _shutdown_signal(self) -> int | None:
+        """What the group's workers still running get when it stops: the shutdown signal, or
+        SIGKILL once a preemption's deadline passed (None: the usual polite SIGTERM)."""
+        if self._stop_signal is not None:
+            return self._stop_signal
+        if self._preemption is not None and self._preemption.deadline_passed:
+            return signal.SIGKILL
+        return None
 
     def _attempt_dir(self, restart_count: int) -> Path | None:
         logs = self.spec.logs

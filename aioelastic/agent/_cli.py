@@ -279,14 +279,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--signals-to-handle",
         default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         type=parse_signals,
-        help="signals forwarded to the workers before stopping",
+        help="signals that preempt the job while workers run: workers on the worker API stop "
+        "at one agreed step (world.should_stop), the others get the signal, on every node",
     )
     option(
         "--shutdown-timeout",
         default=os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"),
         type=_non_negative(float),
-        help="seconds between the forwarded signal and SIGKILL (fractions allowed, on "
-        "purpose: torchrun takes whole seconds, every one of which works here too)",
+        help="seconds between the signal and SIGKILL, counted for the whole job on every node "
+        "(fractions allowed, on purpose: torchrun takes whole seconds, every one of which "
+        "works here too)",
+    )
+    option(
+        "--preemption-file",
+        default=None,
+        metavar="PATH",
+        help="a file the scheduler writes as its preemption notice: when it appears, the job is "
+        "preempted as by SIGTERM",
     )
     flag(
         "--reap-core-dump",

@@ -19,6 +19,8 @@ class RunState(enum.StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
     """A shutdown signal stopped the run."""
+    PREEMPTED = "preempted"
+    """A node of the job was preempted: the ranks stopped at an agreed step (``_preemption.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,61 @@ class ShutdownRequested(WarningEvent):
     """The agent received a shutdown signal."""
 
     signal: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionNoticed(WarningEvent):
+    """The job is preempted: node ``by_node`` got ``signal`` (``source``: ``signal`` or
+    ``file``); this node (``node``) stops its ranks at the agreed step within ``timeout`` s."""
+
+    by_node: int
+    node: int
+    signal: int
+    source: str
+    timeout: float
+    api_ranks: tuple[int, ...]
+    """Local ranks on the worker API: told, and they stop at the agreed step."""
+    signalled_ranks: tuple[int, ...]
+    """Local ranks not on the API: ``signal`` was forwarded to them."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopStepAgreed:
+    """Every rank of the job stops at ``step``; ``since_notice``: seconds since this node knew."""
+
+    step: int
+    since_notice: float
+
+
+@dataclass(frozen=True, slots=True)
+class RankSaved:
+    """A rank that stopped at ``step`` (``should_stop`` said True) returned: it saved."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    step: int
+    since_notice: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionEnded:
+    """This node's part of a preemption is over.
+
+    ``saved``: ranks that stopped at ``step`` and returned; ``no_boundary``: ranks on the API
+    that reached no step boundary before the deadline; ``unsaved``: ranks that stopped but did
+    not return in time (or failed); ``signalled``: ranks not on the API, with their exit status.
+    ``since_notice``: seconds from the notice on this node until its last worker exited (saved);
+    ``all_stopping``: until its last rank on the API was told to stop (None: not all were).
+    """
+
+    step: int | None
+    saved: tuple[int, ...]
+    no_boundary: tuple[int, ...]
+    unsaved: tuple[int, ...]
+    signalled: tuple[tuple[int, int | None], ...]
+    since_notice: float
+    all_stopping: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +363,10 @@ AgentEvent = (
     | StragglerDetected
     | RunFinished
     | LogDirectoryCreated
+    | PreemptionNoticed
+    | StopStepAgreed
+    | RankSaved
+    | PreemptionEnded
 )
 
 
@@ -333,10 +394,11 @@ class RunResult:
 
     @property
     def exit_status(self) -> int:
-        """The launcher's exit status: 0, 1 for a failure, 128 + signal when stopped."""
+        """The launcher's exit status: 0, 1 for a failure, 128 + signal when stopped or
+        preempted (on every node of a preempted job, with the signal of the node that got it)."""
         if self.state is RunState.SUCCEEDED:
             return 0
-        if self.state is RunState.STOPPED and self.signal is not None:
+        if self.state in (RunState.STOPPED, RunState.PREEMPTED) and self.signal is not None:
             return 128 + self.signal
         return 1
 

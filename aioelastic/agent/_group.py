@@ -137,6 +137,9 @@ class WorkerGroup:
         self._layout: Mapping[int, Any] | None = None
         self.reported: set[int] = set()
         """Pids whose failure was already reported while the group ran (in-place recovery)."""
+        self.draining = False
+        """The job is preempted: a worker's failure no longer stops the others; the group
+        waits for every worker to exit (``_preemption.py``)."""
         self._notices, self._receive = anyio.create_memory_object_stream[_Exited | WorkerReaped](
             math.inf
         )
@@ -149,6 +152,10 @@ class WorkerGroup:
             for w in self.workers
             if w.process.returncode is not None
         }
+
+    def bystanders(self) -> set[int]:
+        """Pids a preemption neither tells nor signals (in-place recovery's waiting spares)."""
+        return set()
 
     def worker_by_pid(self, pid: int) -> _Worker | None:
         """The worker whose process is ``pid``, if it is one of this group's."""
@@ -433,16 +440,25 @@ class WorkerGroup:
     async def _wait_workers(self) -> tuple[Outcome, str]:
         receive: MemoryObjectReceiveStream[_Exited | WorkerReaped] = self._receive
         remaining = {w.ranks.local_rank: w for w in self.workers}
+        failed: str | None = None
         async for notice in receive:
             if isinstance(notice, WorkerReaped):
-                return Outcome.FAILED, f"rank {notice.rank} reaped by the watchdog"
+                failed = failed or f"rank {notice.rank} reaped by the watchdog"
+                if not self.draining:
+                    return Outcome.FAILED, failed
+                continue
             worker = remaining.pop(notice.local_rank)
             if worker.process.returncode != 0:
-                return Outcome.FAILED, f"rank {worker.ranks.rank} failed"
-            self._emit(
-                WorkerSucceeded(worker.ranks.local_rank, worker.ranks.rank, worker.process.pid)
-            )
+                failed = failed or f"rank {worker.ranks.rank} failed"
+                if not self.draining:
+                    return Outcome.FAILED, failed
+            else:
+                self._emit(
+                    WorkerSucceeded(worker.ranks.local_rank, worker.ranks.rank, worker.process.pid)
+                )
             if not remaining:
+                if failed is not None:
+                    return Outcome.FAILED, failed
                 return Outcome.SUCCEEDED, "all workers succeeded"
         raise AssertionError("the notice stream closed while workers were running")
 

@@ -82,6 +82,7 @@ class LaunchConfig:
     protected by a token or TLS, or the job is one node (see :func:`torch_store_arrangement`)."""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Added to each worker's environment (a Python worker's exit hook)."""
+    preemption_file: str | None = None
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -266,6 +267,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             else "auto"
         ),
         env=env,
+        preemption_file=args.preemption_file,
     )
 
 
@@ -367,6 +369,24 @@ def describe(event: AgentEvent) -> str | None:
             return f"fenced: {event.detail}; killing the workers (SIGKILL) and joining again"
         case ev.ShutdownRequested():
             return f"received {signal_name(event.signal)}: stopping the workers"
+        case ev.PreemptionNoticed():
+            api = f"{len(event.api_ranks)} on the worker API"
+            told = f"{len(event.signalled_ranks)} sent {signal_name(event.signal)}"
+            return (
+                f"job preempted by node {event.by_node} ({event.source}): local ranks: {api}, "
+                f"{told}; deadline {event.timeout:g} s"
+            )
+        case ev.StopStepAgreed():
+            return f"every rank stops at step {event.step} ({event.since_notice * 1000:.0f} ms)"
+        case ev.RankSaved():
+            return f"rank {event.rank} saved at step {event.step} ({event.since_notice:.2f} s)"
+        case ev.PreemptionEnded():
+            if event.no_boundary:
+                ranks = ", ".join(map(str, event.no_boundary))
+                return f"preemption: rank {ranks} reached no step boundary before the deadline"
+            return None
+        case ev.RunFinished() if event.result.state is ev.RunState.PREEMPTED:
+            return f"run {event.result.reason}"
         case ev.RunFinished():
             result = event.result
             extra = f": {result.reason}" if result.reason else ""
@@ -478,7 +498,7 @@ class SignalRouter:
             task_status.started()
             async for signum in received:
                 if self.agent is not None:
-                    self.agent.request_stop(signum)
+                    self.agent.preempt(signum)
                 else:
                     self.received = signum
                     self.early_exit.cancel()
@@ -572,6 +592,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                             **config.env,
                             "TORCHELASTIC_SIGNALS_TO_HANDLE": signal_names(config.signals),
                         },
+                        preemption_file=config.preemption_file,
                     )
                     router.agent = ElasticAgent(
                         spec,

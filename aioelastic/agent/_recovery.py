@@ -560,6 +560,12 @@ class InPlaceGroup(WorkerGroup):
             "prefix": f"aioelastic/{self.info.restart_count}/gen{generation}",
         }
 
+    def bystanders(self) -> set[int]:
+        """The spares: a preemption leaves them waiting (the group's stop ends them)."""
+        generation = self.machine.generation
+        members = set() if generation is None else set(self._pids(generation))
+        return {w.process.pid for w in self.workers} - members
+
     def _pids(self, generation: g.Generation) -> tuple[int, ...]:
         return tuple(self._pid_of(key) for key in generation.members)
 

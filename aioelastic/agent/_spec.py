@@ -164,6 +164,9 @@ class WorkerSpec:
     torch_store: str = "loopback"
     """Where workers find torch's store: ``loopback`` (each agent serves its own workers) or
     ``expose`` (torchrun's arrangement: the hosting agent serves it on the network)."""
+    preemption_file: str | None = None
+    """A path a scheduler writes as its preemption notice: its appearing preempts the job as a
+    shutdown signal does (``--preemption-file``)."""
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERY_MODES:

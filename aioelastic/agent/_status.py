@@ -14,7 +14,12 @@ from typing import Any
 from aioelastic.agent._generations import GENERATION_PREFIX
 from aioelastic.agent._stack_requests import RankStack
 from aioelastic.agent._stacks import diagnose
-from aioelastic.rendezvous._status import GenerationStatus, StepTimesStatus, under
+from aioelastic.rendezvous._status import (
+    GenerationStatus,
+    PreemptionStatus,
+    StepTimesStatus,
+    under,
+)
 
 STEP_TIMES_PREFIX = "aioelastic/agent/steps/"
 """In a round's store, where each node shows its last straggler window (``aioelastic status``)."""
@@ -75,6 +80,37 @@ def read_generations(items: Mapping[str, bytes], round_: int) -> tuple[Generatio
         except (ValueError, KeyError, TypeError):
             continue  # not ours, or another version's: status shows what it can read
     return tuple(found)
+
+
+def read_preemption(items: Mapping[str, bytes], round_: int) -> PreemptionStatus | None:
+    """The preemption of round ``round_`` as its agents published it (None: not preempted)."""
+    from aioelastic.agent import _preemption as p
+    from aioelastic.agent._report import signal_name
+    from aioelastic.worker._stop_step import decode_claim
+
+    keys = under(items, f"store/{round_}/{p.PREFIX}")
+    base = f"store/{round_}/"
+    raw = keys.get(base + p.NOTICE_KEY)
+    if raw is None:
+        return None
+    try:
+        notice = p.PreemptionRecord.decode(raw)
+        stop = keys.get(base + p.STOP_KEY)
+        ended = {
+            int(key.rsplit("/", 1)[1]): json.loads(value)
+            for key, value in keys.items()
+            if key.startswith(base + p.ENDED_PREFIX)
+        }
+        return PreemptionStatus(
+            by_node=notice.node,
+            signal="notice file" if notice.source == "file" else signal_name(notice.signal),
+            timeout=notice.timeout,
+            stop_step=None if stop is None else decode_claim(stop),
+            ready_nodes=int(keys.get(base + p.READY_KEY, b"0")),
+            ended=ended,
+        )
+    except (ValueError, KeyError, TypeError):
+        return None  # another version's keys: status shows what it can read
 
 
 def format_timers(node: str, timers: Sequence[Mapping[str, Any]]) -> str:

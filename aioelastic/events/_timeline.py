@@ -11,6 +11,13 @@ recovery, re-done, checkpoint, idle, other: ``_goodput.py``), labelled with each
 goodput, and a straggler mark shows where a rank was first named one. :func:`render_timeline`
 draws it with matplotlib (the optional extra ``aioelastic[timeline]``).
 
+worker rank (its lifetimes, failures and watchdog reaps). A preemption marks the node lane
+(noticed, the stop step, a rank that reached no step boundary) and each rank's save. Under
+in-place recovery the node lane marks each generation (assigned, formed) and a rank's lane
+starts a new life where a spare or a new process took it. It does no I/O and reads no clock;
+times are seconds since the first record. :func:`render_timeline` draws it with matplotlib
+(the optional extra ``aioelastic[timeline]``).
+
 Records read back from a log carry their kind as the event class's name; this module names each
 kind through its class, so it knows every part's events and sits above them (``import
 aioelastic.events`` does not load it).
@@ -27,6 +34,9 @@ from aioelastic.agent._events import (
     GenerationFormed,
     GroupRestarting,
     MembershipChanged,
+    PreemptionEnded,
+    PreemptionNoticed,
+    RankSaved,
     RecoveryFellBack,
     RendezvousCompleted,
     RendezvousJoining,
@@ -34,6 +44,7 @@ from aioelastic.agent._events import (
     ShutdownRequested,
     SpareStarted,
     StepsMarked,
+    StopStepAgreed,
     StragglerDetected,
     WorkerFailed,
     WorkerReaped,
@@ -198,6 +209,21 @@ class _Builder:
             self.marks.append(Mark(lane, when, "straggler", f"straggler{shown}"))
         elif kind == ShutdownRequested.__name__:
             self.marks.append(Mark(node_lane, when, "shutdown", f"signal {data.get('signal')}"))
+        elif kind == PreemptionNoticed.__name__:
+            label = f"preempted by node {data.get('by_node', '?')} ({data.get('source', '?')})"
+            self.marks.append(Mark(node_lane, when, "preempted", label))
+        elif kind == StopStepAgreed.__name__:
+            label = f"stop at step {data.get('step', '?')}"
+            self.marks.append(Mark(node_lane, when, "preempted", label))
+        elif kind == RankSaved.__name__:
+            lane = self._worker_lane(node, data)
+            self.marks.append(Mark(lane, when, "saved", f"saved at step {data.get('step', '?')}"))
+        elif kind == PreemptionEnded.__name__:
+            missing = data.get("no_boundary") or []
+            if missing:
+                ranks = ", ".join(map(str, missing))
+                label = f"rank {ranks}: no step boundary before the deadline"
+                self.marks.append(Mark(node_lane, when, "preempted", label))
         elif kind == RunFinished.__name__:
             result = data.get("result", {})
             self.marks.append(Mark(node_lane, when, "finished", str(result.get("state", "?"))))
@@ -300,6 +326,8 @@ MARK_STYLES = {
     "spare": ("P", "#90be6d"),
     "straggler": ("<", "#9d0208"),
     "life": ("|", "#000000"),
+    "preempted": ("s", "#9b2226"),
+    "saved": ("o", "#ffb703"),
 }
 
 

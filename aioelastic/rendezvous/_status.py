@@ -65,6 +65,20 @@ def job_stragglers(step_times: Sequence[StepTimesStatus]) -> dict[int, float]:
 
 
 @dataclass(frozen=True, slots=True)
+class PreemptionStatus:
+    """A job-wide preemption of the last round, as the agents published it."""
+
+    by_node: int
+    signal: str
+    timeout: float
+    stop_step: int | None
+    """The agreed stop step (None: not agreed, or no rank on the worker API)."""
+    ready_nodes: int
+    ended: Mapping[int, Mapping[str, object]]
+    """Group rank -> what its ranks did (saved, no_boundary, unsaved, since_notice)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunStatus:
     """The rendezvous state of one run."""
 
@@ -82,6 +96,9 @@ class RunStatus:
     """Nodes running ``--recovery in-place``: their world's generation and spares."""
     step_times: tuple[StepTimesStatus, ...] = ()
     """Nodes whose workers mark their steps: their last straggler window."""
+
+    preemption: PreemptionStatus | None = None
+    """The last round's preemption, if the job was preempted."""
 
 
 def read_status(
@@ -170,6 +187,9 @@ def format_status(status: RunStatus) -> str:
             f"spares ready: {spares}"
         )
     lines += _format_step_times(status.step_times)
+
+    if status.preemption is not None:
+        lines.extend(_preemption_lines(status.preemption))
     if not status.round and not status.waiting:
         lines.append("  no node has joined this run yet (check --rdzv-id)")
     return "\n".join(lines)
@@ -186,6 +206,30 @@ def _format_step_times(step_times: Sequence[StepTimesStatus]) -> list[str]:
     named = ", ".join(f"rank {r} (score {score:.2f})" for r, score in stragglers.items())
     lines.append(f"  stragglers: {named or 'none'}")
     return lines
+
+
+def _preemption_lines(preemption: PreemptionStatus) -> list[str]:
+    step = preemption.stop_step
+    agreed = "not agreed yet" if step is None else f"stop step {step}"
+    lines = [
+        f"  preempted by node {preemption.by_node} ({preemption.signal}, "
+        f"{preemption.timeout:g} s deadline): {agreed}, "
+        f"{_count(preemption.ready_nodes, 'node')} ready"
+    ]
+    for node, ended in sorted(preemption.ended.items()):
+        parts = [f"saved {_ranks(ended.get('saved'))}"]
+        for key, what in (("no_boundary", "no step boundary"), ("unsaved", "not saved")):
+            if ended.get(key):
+                parts.append(f"{what} {_ranks(ended.get(key))}")
+        since = ended.get("since_notice")
+        took = f" ({since:.2f} s after the notice)" if isinstance(since, float) else ""
+        lines.append(f"  node of rank {node}: {'; '.join(parts)}{took}")
+    return lines
+
+
+def _ranks(value: object) -> str:
+    ranks = list(value) if isinstance(value, list | tuple) else []
+    return "ranks " + ", ".join(map(str, ranks)) if ranks else "none"
 
 
 def _heartbeat(node: NodeStatus) -> str:

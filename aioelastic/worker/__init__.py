@@ -8,10 +8,13 @@ for world in worker.worlds():          # blocks until this process has a place
         world.init_process_group("gloo")
         if world.fresh_ranks:           # someone holds no state: send it from source_rank
             ...
-        train(world)                    # world.check() at a step boundary
+        train(world)                    # world.check() at a step boundary,
+                                        # world.should_stop(step): save and return
 ```
 Under ``aioelastic run --recovery in-place`` a failed worker is replaced and the survivors go
 on in the next world; anywhere else :func:`worlds` yields one world from torch's environment.
+``world.should_stop(step)`` is True on every rank at the same step once any node of the job is
+preempted (under ``aioelastic run``; see ``_preemption.py``).
 """
 
 from aioelastic.worker._link import AgentLinkError

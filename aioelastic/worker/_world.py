@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from aioelastic._process_group import destroy_default_process_group
 from aioelastic.store import BlockingTCPStore, PrefixStore, TCPStore
+from aioelastic.worker import _preemption
 from aioelastic.worker._abort import AbortWatch
 from aioelastic.worker._link import AgentLinkError, Link
 from aioelastic.worker._protocol import Enter, Hello, Trouble, WorldAssigned
@@ -126,6 +127,13 @@ class World:
     def saving_checkpoint(self) -> AbstractContextManager[None]:
         """``with world.saving_checkpoint():`` marks a checkpoint save (badput, not training)."""
         return marks().saving(self.generation, self.rank)
+
+    def should_stop(self, step: int) -> bool:
+        """Whether to save and return at boundary ``step``: True on every rank of the job at the
+        same step once any node is preempted (see ``_preemption.py``), else False, cheaply.
+        It marks step ``step`` as :meth:`step` does."""
+        self.step(step)
+        return _preemption.should_stop(self.rank, step)
 
     # -- has it ended? ------------------------------------------------------------------------
 

@@ -270,3 +270,22 @@ def test_labels_placed_on_one_row_never_overlap_and_stay_in_the_run(
             for s, e, text in labels
             if shown_lane == lane
         )
+
+
+def test_a_preemption_marks_the_node_and_each_rank_that_saved() -> None:
+    """The notice and the stop step mark the node lane; each save marks its rank's lane; a
+    rank that reached no boundary is named on the node lane."""
+    run = [
+        ev(100.0, "WorkersStarted", restart_count=0, ranks=[0, 1], pids=[10, 11]),
+        ev(101.0, "PreemptionNoticed", by_node=1, signal=15, source="signal"),
+        ev(101.1, "StopStepAgreed", step=7, since_notice=0.1),
+        ev(101.5, "RankSaved", rank=0, local_rank=0, pid=10, step=7, since_notice=0.5),
+        ev(101.6, "PreemptionEnded", step=7, saved=[0], no_boundary=[1], unsaved=[]),
+    ]
+    marks = [(m.lane, m.kind, m.label) for m in build_timeline(run).marks]
+    assert marks == [
+        ("a", "preempted", "preempted by node 1 (signal)"),
+        ("a", "preempted", "stop at step 7"),
+        ("rank 0 (a)", "saved", "saved at step 7"),
+        ("a", "preempted", "rank 1: no step boundary before the deadline"),
+    ]
