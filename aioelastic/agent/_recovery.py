@@ -78,12 +78,15 @@ from aioelastic.worker._protocol import (
     LineDecoder,
     Lines,
     LinkProtocolError,
+    Loaded,
     Message,
     NoMoreWorlds,
     StillValid,
     Trouble,
+    Warm,
     WorldAssigned,
     WorldEnded,
+    chunked,
     encode,
 )
 
@@ -174,6 +177,10 @@ class InPlaceGroup(WorkerGroup):
     """The number of this attempt's first generation (numbers go on across attempts)."""
     store: Store | None = None
     """Where the node's generation is shown (``aioelastic status``), if anywhere."""
+    warm_modules: list[str] | None = None
+    """The modules this node's workers had loaded by their first step, in import order (each
+    reports them once, see ``aioelastic/worker/_warm.py``): what its idle spares import.
+    :class:`Attempts` shares one list across attempts; a group without one keeps its own."""
 
     def verdict_grace(self) -> float:
         """How long a troubled worker waits for its world's end before its error counts as its
@@ -205,6 +212,10 @@ class InPlaceGroup(WorkerGroup):
         self._later: list[g.Spawn] = []
         self._leaving = LeaveDeadlines(self.leave_timeout(), CANNOT_ABORT_GRACE)
         self._shown = anyio.Event()
+        if self.warm_modules is None:
+            self.warm_modules = []
+        self._known_modules = set(self.warm_modules)
+        self._warmed: dict[g.WorkerKey, int] = {}
 
     async def run(
         self,
@@ -331,7 +342,12 @@ class InPlaceGroup(WorkerGroup):
             return []
         match notice.message:
             case Hello():
-                return self._record(g.Ready(linked.key), now, pid=linked.worker.process.pid)
+                commands = self._record(g.Ready(linked.key), now, pid=linked.worker.process.pid)
+                self._warm_spares()
+                return commands
+            case Loaded(names=names):
+                self._learn(names)
+                return []
             case Enter(generation=number):
                 self._leaving.entered(linked.key, number)
                 return self._record(g.Entered(linked.key, number), now)
@@ -346,6 +362,26 @@ class InPlaceGroup(WorkerGroup):
             case other:
                 logger.warning("worker %s sent an agent's message %r; ignored", linked.key, other)
                 return []
+
+    def _learn(self, names: Sequence[str]) -> None:
+        """Add what a worker reported it had loaded to :attr:`warm_modules`; warm the spares."""
+        assert self.warm_modules is not None
+        known = self._known_modules
+        new = [name for name in names if name not in known]
+        if new:
+            known.update(new)
+            self.warm_modules += new
+            self._warm_spares()
+
+    def _warm_spares(self) -> None:
+        """Send each idle spare of this node the learned modules it was not sent yet."""
+        modules = self.warm_modules or []
+        for key in self.machine.spares(self.node):
+            sent = self._warmed.get(key, 0)
+            if key in self._linked and sent < len(modules):
+                for message in chunked(Warm, modules[sent:]):
+                    self._send(key, message)
+                self._warmed[key] = len(modules)
 
     def _exited(self, linked: _Linked, now: float) -> list[g.Command]:
         worker = linked.worker
@@ -997,6 +1033,8 @@ class SharedInPlaceGroup(InPlaceGroup):
         except g.GenerationProtocolError as exc:  # every replica refuses it alike
             logger.warning("generation log entry refused: %s", exc)
             return []
+        if isinstance(event, g.Ready):  # a spare of this node may be ready now: warm it
+            self._warm_spares()
         if self._replaying:
             if entry.by == self._token and isinstance(event, g.NodeJoined):
                 self._replaying = False  # caught up: from here on this replica acts
@@ -1046,6 +1084,9 @@ class Attempts:
         self.store: Store | None = None
         """The round's store: each in-place group shows its generation there."""
         self.last_generation = 0
+        self.warm_modules: list[str] = []
+        """What this node's workers had loaded by their first step (see
+        :attr:`InPlaceGroup.warm_modules`): learned in one attempt, kept for the next."""
         self._current: InPlaceGroup | None = None
         self._warned = False
         self._heard: tuple[RendezvousInfo, tuple[NodeRecord, ...]] | None = None
@@ -1105,6 +1146,7 @@ class Attempts:
                 **options,
             )
             shared.store = self.store
+            shared.warm_modules = self.warm_modules
             self._current = shared
             return shared
         if info.group_world_size > 1:
@@ -1120,6 +1162,7 @@ class Attempts:
         group = InPlaceGroup(self.spec, info, ranks, **options)
         group.first_generation = self.last_generation + 1
         group.store = self.store
+        group.warm_modules = self.warm_modules
         self._current = group
         return group
 

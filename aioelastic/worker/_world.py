@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from aioelastic.store import BlockingTCPStore, PrefixStore, TCPStore
+from aioelastic.worker import _warm
 from aioelastic.worker._abort import AbortWatch
 from aioelastic.worker._link import AgentLinkError, Link
 from aioelastic.worker._protocol import Enter, Hello, Trouble, WorldAssigned
@@ -113,6 +114,8 @@ class World:
 
     def check(self) -> None:
         """Raise :class:`WorldChanged` if this world ended; otherwise return at once."""
+        if self._link is not None:
+            _warm.at_step(self._link)  # once: the modules a spare should hold (see _warm.py)
         reason = self._end_reason()
         if reason is not None:
             raise WorldChanged(self.generation, reason)
@@ -249,7 +252,8 @@ def worlds() -> Iterator[World]:
             return
         while True:
             while (assigned := link.next_world()) is None and link.no_more is None:
-                link.wait()
+                if not _warm.while_idle(link):  # a spare imports what the workers hold
+                    link.wait()
             if assigned is None:
                 return
             world = World(assigned, link)
@@ -269,7 +273,8 @@ async def async_worlds() -> AsyncIterator[World]:
         return
     while True:
         while (assigned := link.next_world()) is None and link.no_more is None:
-            await link.wait_async()
+            if not _warm.while_idle(link):  # a spare imports what the workers hold
+                await link.wait_async()
         if assigned is None:
             return
         world = World(assigned, link)
