@@ -97,8 +97,8 @@ def hand_over(
     box: list[Any] = [None]
     dist.recv_object_list(box, src=source, group=group, device=device)
     skeleton = box[0]
-    _check_kinds(skeleton, module, optimizer, source)
-    own = {} if module is None else module.state_dict()
+    misfit = _misfit(skeleton, module, optimizer, source)
+    own = {} if module is None or misfit else module.state_dict()
     received: dict[int, torch.Tensor] = {}
     in_place: set[int] = set()
     works = []
@@ -113,12 +113,17 @@ def hand_over(
     for work in works:
         if work is not None:
             work.wait()
+    if misfit:  # raised once all came: the source is not left waiting for this rank
+        raise HandOverError(misfit)
     state = _dress(skeleton, lambda ref: _placed(received[ref.index], ref))
     _load(state, module, optimizer, in_place_all=_all_in_place(skeleton, in_place))
     return HandedOver(int(state["step"]), state["extra"], received=True)
 
 
 # -- the state, as a tree of plain objects and tensors ----------------------------------------
+
+
+_KEYS = ("module", "optimizer", "step", "extra", "rng")
 
 
 def _state(
@@ -233,31 +238,27 @@ def _all_in_place(skeleton: dict[str, Any], in_place: set[int]) -> bool:
     return module is not None and all(ref.index in in_place for _, ref in _refs(module))
 
 
-def _check_kinds(
+def _misfit(
     skeleton: Any,
     module: torch.nn.Module | None,
     optimizer: torch.optim.Optimizer | None,
     source: int,
-) -> None:
-    if not isinstance(skeleton, dict) or set(skeleton) != {
-        "module",
-        "optimizer",
-        "step",
-        "extra",
-        "rng",
-    }:
+) -> str | None:
+    """Why the source's hand-over does not fit this rank's arguments, or None."""
+    if not isinstance(skeleton, dict) or set(skeleton) != set(_KEYS):
         raise HandOverError(
             f"rank {source} sent no hand-over (it called something else): every rank of the "
             "world must call hand_over at the same point"
         )
     for name, mine in (("module", module), ("optimizer", optimizer)):
         if (skeleton[name] is None) != (mine is None):
-            theirs = "no" if skeleton[name] is None else "a"
-            raise HandOverError(
+            theirs = "no" if skeleton[name] is None else "an" if name == "optimizer" else "a"
+            return (
                 f"source rank {source} handed over {theirs} {name} and this rank "
                 f"{'passed none' if mine is None else 'passed one'}: pass the same arguments "
                 "to hand_over on every rank"
             )
+    return None
 
 
 def _load(

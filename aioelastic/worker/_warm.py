@@ -203,7 +203,9 @@ def while_idle(link: Link) -> bool:
 def _probe_main() -> None:
     """The child of :func:`probe_threads`: names on stdin, the threaded ones on stdout."""
     names = json.loads(sys.stdin.read())
-    print(json.dumps(import_modules(names).threaded))
+    sys.stdout.write(json.dumps(import_modules(names).threaded))
+    sys.stdout.flush()
+    os._exit(0)  # a thread an import started must not hold the exit
 
 
 if __name__ == "__main__":
