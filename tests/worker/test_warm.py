@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import socket
 import sys
@@ -182,3 +183,14 @@ def test_a_spare_placed_while_warming_stops_importing(modules: Path) -> None:
         assert "warm_late" not in sys.modules
         assert link.next_world() == assigned
     link.close()
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_the_throwaway_step_draws_no_random_number() -> None:
+    """warm_up_torch leaves torch's RNG where it was (a spare without hand_over is unchanged)."""
+    import torch
+
+    before = torch.get_rng_state()
+    _warm.warm_up_torch()
+    assert torch.equal(before, torch.get_rng_state())
