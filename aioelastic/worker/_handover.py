@@ -2,13 +2,14 @@
 
 A fresh rank (a spare or a replacement, ``world.fresh_ranks``) holds none of the job's state;
 the survivors hold it in memory. :func:`hand_over` sends it from ``world.source_rank`` (the
-lowest surviving rank) to every fresh rank over the world's process group, in place of the
-checkpoint a torchrun script loads after a restart: the module's ``state_dict`` (received
+lowest surviving rank) to every fresh rank over the world's process group (and to a survivor
+left a step behind or ahead, see :func:`hand_over`), in place of the checkpoint a torchrun script
+loads after a restart: the module's ``state_dict`` (received
 straight into the fresh rank's own tensors), the optimizer's, a step counter, the RNG states
 (torch, CUDA where initialised, ``random``, NumPy where imported) and any ``extra`` object
 (tensors travel as tensors, the rest is pickled). Every rank of the world calls it with the
-same kinds of arguments; where no rank is fresh it returns at once, without a collective, so
-the same script runs under torchrun.
+same kinds of arguments; without an agent (torchrun, where every rank holds its state) it
+returns at once, without a collective, so the same script runs there.
 
 How: the source sends a skeleton (the state with each tensor replaced by its shape and dtype)
 with ``send_object_list``, then each tensor with ``isend``, all at once; a fresh rank posts
@@ -17,6 +18,7 @@ an ``irecv`` for each, into its own module's tensor where shape and dtype match.
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 from collections.abc import Callable
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
     import torch
 
     from aioelastic.worker._world import World
+
+
+logger = logging.getLogger("aioelastic.worker")
 
 
 class HandOverError(Exception):
@@ -64,26 +69,45 @@ def hand_over(
     rng: bool = True,
     group: Any = None,
 ) -> HandedOver:
-    """Send the job's state from ``world.source_rank`` to each of ``world.fresh_ranks``.
+    """Send the job's state from ``world.source_rank`` to each of ``world.fresh_ranks``, and
+    to any survivor whose ``step`` is not the source's.
 
     Call it on every rank after ``world.init_process_group(...)`` and before
     ``DistributedDataParallel(module)`` (whose constructor copies rank 0's module to every
     rank, and rank 0 may be the fresh one). ``module`` and ``optimizer`` are loaded in place
-    on a fresh rank; ``step`` and ``extra`` come back in the result. ``rng``: a fresh rank
-    also takes the source's RNG states. ``group``: the process group (the world's default).
+    on a receiving rank; ``step`` and ``extra`` come back in the result. ``rng``: a receiving
+    rank also takes the source's RNG states. ``group``: the process group (the world's
+    default). A failure in the middle of a step's all_reduce can leave one survivor past that
+    step and another not: the survivors' steps are compared (one all_gather), and a survivor
+    that differs from the source takes the source's state too, so no step is lost or taken
+    twice. Without an agent (torchrun) it returns at once: every rank holds its state.
     """
-    if not world.fresh_ranks:
+    if not world.fresh_ranks and world._link is None:
         return HandedOver(step, extra, received=False)
+    import torch
     import torch.distributed as dist
 
     source, fresh = world.source_rank, world.fresh_ranks
     device = _transfer_device(dist, group)
+    steps = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world.world_size)]
+    dist.all_gather(steps, torch.tensor([int(step)], dtype=torch.int64, device=device), group)
+    theirs = int(steps[source].item())
+    stale = [r for r, s in enumerate(steps) if r not in fresh and int(s.item()) != theirs]
+    receivers = sorted({*fresh, *stale})
+    if stale:
+        logger.info(
+            "hand_over: survivors %s were at steps %s, source rank %d at %d: they take its state",
+            stale,
+            [int(steps[r].item()) for r in stale],
+            source,
+            theirs,
+        )
     if world.rank == source:
         state = _state(module, optimizer, step, extra, rng)
         tensors: list[torch.Tensor] = []
         skeleton = _strip(state, tensors)
         works = []
-        for rank in fresh:
+        for rank in receivers:
             dist.send_object_list([skeleton], dst=rank, group=group, device=device)
             for index, tensor in enumerate(tensors):
                 wire = tensor.detach().to(device).contiguous()
@@ -92,7 +116,7 @@ def hand_over(
             if work is not None:
                 work.wait()
         return HandedOver(step, extra, received=False)
-    if world.rank not in fresh:
+    if world.rank not in receivers:
         return HandedOver(step, extra, received=False)
     box: list[Any] = [None]
     dist.recv_object_list(box, src=source, group=group, device=device)

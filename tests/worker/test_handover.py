@@ -92,3 +92,17 @@ def test_a_fresh_rank_that_passes_other_arguments_is_told_what_differs(tmp_path:
         "refused: source rank 0 handed over an optimizer and this rank passed none: pass the "
         "same arguments to hand_over on every rank"
     ) in results[2].stdout
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_a_survivor_at_another_step_takes_the_sources_state_too(tmp_path: Path) -> None:
+    """Rank 1 survived a step behind rank 0 (an all_reduce that completed on one survivor
+    only): it receives rank 0's state along with the fresh rank, so all three agree."""
+    results = run_world(tmp_path, "--survivor-behind")
+    assert [r.returncode for r in results] == [0, 0, 0], [r.stdout for r in results]
+    source, behind, fresh = (load(tmp_path / f"{rank}.pt") for rank in range(3))
+    for key in ("model", "optimizer", "step", "extra", "torch_rng", "random"):
+        assert same(source[key], behind[key]), key
+        assert same(source[key], fresh[key]), key
+    assert behind["received"] is True

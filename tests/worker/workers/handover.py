@@ -1,7 +1,8 @@
 """One rank of a three-rank world for tests/worker/test_handover.py (no agent: a FileStore world).
 
-``python handover.py DIR RANK [--fresh-without-optimizer]``: ranks 0 and 1 survive (they
-trained a step with Adam and hold an RNG state of their own), rank 2 is fresh. Every rank
+``python handover.py DIR RANK [--fresh-without-optimizer] [--survivor-behind]``: ranks 0 and 1
+survive (they trained a step with Adam and hold an RNG state of their own; both are at step 7,
+or rank 1 at 6 with ``--survivor-behind``), rank 2 is fresh. Every rank
 calls ``worker.hand_over`` and saves what it holds after it to ``DIR/<rank>.pt``.
 """
 
@@ -20,6 +21,7 @@ from aioelastic.worker._protocol import WorldAssigned
 def main() -> None:
     out, rank = Path(sys.argv[1]), int(sys.argv[2])
     without_optimizer = "--fresh-without-optimizer" in sys.argv
+    behind = "--survivor-behind" in sys.argv
     fresh = rank == 2
     store = {"kind": "file", "path": str(out / "store")}
     world = worker.World(WorldAssigned(2, rank, 3, rank, fresh, 0, (2,), store, 60.0), None)
@@ -32,7 +34,8 @@ def main() -> None:
     if not fresh:  # a survivor trained: its module, optimizer state and step moved on
         model(torch.randn(5, 4)).sum().backward()
         optimizer.step()
-        step, extra = 7, {"tensor": torch.arange(3.0) + rank, "object": ("a", rank)}
+        step = 6 if behind and rank == 1 else 7
+        extra = {"tensor": torch.arange(3.0) + rank, "object": ("a", rank)}
     try:
         got = worker.hand_over(
             world,
