@@ -168,6 +168,8 @@ class _Linked:
     link: socket.socket
     abort: socket.socket
     """Where the agent asks the worker to abort its collectives (see worker/_abort.py)."""
+    unsent: bytes = b""
+    """What the link's buffer did not take yet (sent, in order, once it is writable)."""
 
 
 class InPlaceGroup(WorkerGroup):
@@ -605,10 +607,38 @@ class InPlaceGroup(WorkerGroup):
         linked = self._linked.get(key)
         if linked is None:  # a worker of an earlier life of this node (a replica replayed it)
             return
+        data = encode(message)
+        if linked.unsent:  # after what is waiting, never in the middle of it
+            linked.unsent += data
+            return
         try:
-            linked.link.send(encode(message))
-        except (BlockingIOError, OSError) as exc:
+            sent = linked.link.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
             logger.info("could not tell worker %s %s: %s", key, type(message).__name__, exc)
+            return
+        if sent < len(data):  # a full buffer (a long Warm list): the rest goes when it drains
+            linked.unsent = data[sent:]
+            scope = anyio.CancelScope(shield=True)  # bounded like the pumps
+            self._pump_scopes.append(scope)
+            self._pumps.start_soon(self._send_unsent, linked, scope)
+
+    @staticmethod
+    async def _send_unsent(linked: _Linked, scope: anyio.CancelScope) -> None:
+        """Send what the link's buffer did not take, as it drains (the worker reads)."""
+        with scope:
+            while linked.unsent:
+                await anyio.wait_writable(linked.link)
+                try:
+                    sent = linked.link.send(linked.unsent)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:  # gone: its pidfd says so
+                    logger.info("could not tell worker %s the rest: %s", linked.key, exc)
+                    linked.unsent = b""
+                    return
+                linked.unsent = linked.unsent[sent:]
 
     # -- processes and links --------------------------------------------------------------------
 
