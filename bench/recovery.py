@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +49,8 @@ BOUND = 120.0
 STEPS, STEP_TIME = "60", "0.02"
 DDP_STEPS = "1000000"
 """The DDP job runs until the benchmark has its figures (it is stopped then)."""
+MODELS = {"mlp": (64, 256, 2), "100m": (4096, 4096, 6)}
+"""Width in, hidden width, layers (as ``bench/_recovery_ddp_worker.py`` has them)."""
 DDP_SHAPE = {"mlp": ("0.02", 10), "100m": ("0", 4)}
 """Per model: seconds a step sleeps, steps between checkpoints."""
 
@@ -225,6 +230,9 @@ def measure_ddp(
         "next step": last_first(lambda m: m["name"] == "step"),
         "caught up": last_first(lambda m: m["name"] == "step" and int(str(m["step"])) > reached),
     }
+    fresh_state = [float(str(m["t"])) for m in marks if m["name"] == "state" and m["fresh"]]
+    if fresh_state and _at(marks, "pg"):
+        figures["hand-over"] = max(fresh_state) - max(_at(marks, "pg"))
     resumed = [int(str(m["resumed"])) for m in marks if m["name"] == "state" and "resumed" in m]
     figures["lost steps"] = float(reached - min(resumed)) if resumed else 0.0
     for record in read_events(events):
@@ -349,6 +357,40 @@ def report(nproc: int, runs: dict[str, list[dict[str, float] | str]]) -> None:
         print(f"  target with a spare: under 100 ms; measured {ours * 1000:.1f} ms")
 
 
+def model_bytes(model: str) -> int:
+    """The bytes of the DDP workload's parameters (fp32), as ``_recovery_ddp_worker`` builds it."""
+    width, hidden, layers = MODELS[model]
+    sizes = [width] + [hidden] * (layers - 1) + [width]
+    return 4 * sum(n_in * n_out + n_out for n_in, n_out in itertools.pairwise(sizes))
+
+
+def loopback_rate(nbytes: int) -> float:
+    """Bytes a second one TCP connection on loopback carries (the reference for the hand-over):
+    ``nbytes`` from a thread to this one, through 4 MiB buffers."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    chunk = bytearray(4 << 20)
+
+    def send() -> None:
+        with socket.create_connection(listener.getsockname()) as out:
+            left = nbytes
+            while left > 0:
+                left -= out.send(memoryview(chunk)[: min(left, len(chunk))])
+
+    sender = threading.Thread(target=send)
+    start = time.perf_counter()
+    sender.start()
+    connection, _ = listener.accept()
+    with connection, listener:
+        received, into = 0, bytearray(4 << 20)
+        while received < nbytes:
+            got = connection.recv_into(into)
+            if not got:
+                break
+            received += got
+    sender.join()
+    return received / (time.perf_counter() - start)
+
+
 def _cell(value: float | str, scale: float = 1000.0, digits: int = 0) -> str:
     return f"{value * scale:.{digits}f}" if isinstance(value, float) else "n/a"
 
@@ -382,6 +424,16 @@ def report_ddp(nproc: int, runs: dict[str, list[dict[str, float] | str]], model:
     ours = median(runs.get("spare", ["not run"]), "next step")
     if isinstance(ours, float):
         print(f"  target with a spare: under 100 ms; measured {ours * 1000:.1f} ms")
+    handed = median(runs.get("spare", ["not run"]), "hand-over")
+    if isinstance(handed, float):
+        size = model_bytes(model)
+        reference = loopback_rate(max(size, 64 << 20))
+        print(
+            f"  hand-over of {size / 1e6:.1f} MB to the fresh rank (the last process group to the "
+            f"fresh rank's state): {handed * 1000:.1f} ms, {size / handed / 1e9:.2f} GB/s; one "
+            f"TCP connection on loopback now: {reference / 1e9:.2f} GB/s "
+            f"({size / handed / reference:.2f}x of it)"
+        )
 
 
 if __name__ == "__main__":
