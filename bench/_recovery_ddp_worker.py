@@ -1,12 +1,13 @@
 """The DDP worker of ``bench/recovery.py``: a training loop written the way most scripts are.
 
-``python _recovery_ddp_worker.py OUT STEPS STEP_TIME MODEL CHECKPOINT_EVERY``. Each world: the
-process group, the state to the fresh ranks (``worker.hand_over``, before ``DDP``: its
+``python _recovery_ddp_worker.py OUT STEPS STEP_TIME MODEL CHECKPOINT_EVERY [SYNC]``. Each
+world: the process group, the state to the fresh ranks (``worker.hand_over``, before ``DDP``: its
 constructor copies rank 0's module), ``DDP(model)``, then the optimizer built over
 ``ddp.parameters()`` (after DDP, as most scripts do: plain SGD, so it holds no state a survivor
 would lose with it), then the steps. Under torchrun (and ``--recovery restart``) the same script
 loads the last checkpoint (rank 0 writes one every CHECKPOINT_EVERY steps) and re-does the
-steps after it.
+steps after it. ``SYNC`` ``skip``: ``DDP(model, init_sync=not handed.synced)``, DDP's
+constructor does not copy rank 0's module again after ``hand_over`` did (default ``always``).
 
 One JSON line per milestone to ``OUT/<pid>.jsonl``, with the wall clock (one machine: every
 process reads the same clock): ``asking``, ``warm`` (a spare imported what the workers had
@@ -59,6 +60,7 @@ class _WarmMark(logging.Handler):
 def main() -> None:
     out, steps, step_time = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
     model_name, every = sys.argv[4], int(sys.argv[5])
+    skip_sync = sys.argv[6:] == ["skip"]
     checkpoint = out / "checkpoint.pt"
     log = (out / f"{os.getpid()}.jsonl").open("a", buffering=1)
     place = {"gen": 0, "rank": -1, "fresh": False}
@@ -80,15 +82,18 @@ def main() -> None:
             world.init_process_group("gloo")
             mark("pg")
             resume, first = first and checkpoint.exists() and not world.fresh_ranks, False
+            synced = False
             if resume:
                 saved = torch.load(checkpoint)  # a restart: go on from the last checkpoint
                 model.load_state_dict(saved["model"])
                 step = int(saved["step"])
                 mark("state", resumed=step)
             else:
-                step = worker.hand_over(world, model, step=step).step
+                handed = worker.hand_over(world, model, step=step)
+                step, synced = handed.step, handed.synced
                 mark("state")
-            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            init_sync = not (skip_sync and synced)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, init_sync=init_sync)
             mark("ddp")
             optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-4)
             while step < steps:

@@ -95,7 +95,9 @@ def wait_until(check: Callable[[], bool], process: subprocess.Popen[bytes], boun
     return False
 
 
-def one_run(mode: str, nproc: int, workdir: Path, model: str | None) -> dict[str, float] | str:
+def one_run(
+    mode: str, nproc: int, workdir: Path, model: str | None, sync: str = "always"
+) -> dict[str, float] | str:
     """One kill and recovery; the figures (seconds after the kill), or why there are none.
     ``model``: the DDP workload with that model (None: the all_reduce one)."""
     out = Path(tempfile.mkdtemp(prefix=f"{mode}-{nproc}-", dir=workdir))
@@ -105,7 +107,7 @@ def one_run(mode: str, nproc: int, workdir: Path, model: str | None) -> dict[str
         script = [WORKER, str(out), STEPS, STEP_TIME]
     else:
         step_time, every = DDP_SHAPE[model]
-        script = [DDP_WORKER, str(out), DDP_STEPS, step_time, model, str(every)]
+        script = [DDP_WORKER, str(out), DDP_STEPS, step_time, model, str(every), sync]
     command = [*launcher(mode, nproc, events), *script]
     with (out / "launcher.log").open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=log, env=env, cwd=ROOT)
@@ -293,6 +295,13 @@ def main() -> None:
         default="mlp",
         help="the DDP workload's model: a small MLP, or one of about 100M parameters",
     )
+    parser.add_argument(
+        "--ddp-init-sync",
+        choices=("always", "skip"),
+        default="always",
+        help="skip: DDP(model, init_sync=not handed.synced), no second copy of rank 0's module "
+        "after worker.hand_over (default: always, as most scripts do)",
+    )
     options = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
         print("recovery benchmark: skipped (torch is not installed)")
@@ -303,7 +312,10 @@ def main() -> None:
     if model is None:
         what = "every rank's first all_reduce of the next world"
     else:
-        what = f"every rank's next DDP optimizer step ({model} model)"
+        what = f"every rank's next DDP optimizer step ({model} model"
+        what += (
+            ", DDP's init sync skipped after hand_over)" if options.ddp_init_sync == "skip" else ")"
+        )
     print(
         f"recovery benchmark: kill -9 of one of N gloo workers -> {what}; median of "
         f"{options.repeat}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start "
@@ -314,7 +326,10 @@ def main() -> None:
             chosen = options.modes.split(",")
             modes = [m for m in chosen if m != "torchrun" or nproc in torchrun_sizes]
             runs = {
-                m: [one_run(m, nproc, Path(tmp), model) for _ in range(options.repeat)]
+                m: [
+                    one_run(m, nproc, Path(tmp), model, options.ddp_init_sync)
+                    for _ in range(options.repeat)
+                ]
                 for m in modes
             }
             if model is None:

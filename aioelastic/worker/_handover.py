@@ -40,12 +40,16 @@ class HandOverError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class HandedOver:
-    """What :func:`hand_over` returns on every rank: the job's step and ``extra`` (on a fresh
-    rank the source's, elsewhere the rank's own) and whether this rank received them."""
+    """What :func:`hand_over` returns on every rank: the job's step and ``extra`` (on a
+    receiving rank the source's, elsewhere the rank's own), whether this rank received them,
+    and whether a module was handed over in this world (the same on every rank): then every
+    rank holds the source's module, and ``DistributedDataParallel(module,
+    init_sync=not handed.synced)`` skips the copy of rank 0's module its constructor makes."""
 
     step: int
     extra: Any
     received: bool
+    synced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,7 @@ def hand_over(
     theirs = int(steps[source].item())
     stale = [r for r, s in enumerate(steps) if r not in fresh and int(s.item()) != theirs]
     receivers = sorted({*fresh, *stale})
+    synced = bool(receivers) and module is not None  # every rank passes a module, or none does
     if stale:
         logger.info(
             "hand_over: survivors %s were at steps %s, source rank %d at %d: they take its state",
@@ -115,9 +120,9 @@ def hand_over(
         for work in works:
             if work is not None:
                 work.wait()
-        return HandedOver(step, extra, received=False)
+        return HandedOver(step, extra, received=False, synced=synced)
     if world.rank not in receivers:
-        return HandedOver(step, extra, received=False)
+        return HandedOver(step, extra, received=False, synced=synced)
     box: list[Any] = [None]
     dist.recv_object_list(box, src=source, group=group, device=device)
     skeleton = box[0]
@@ -141,7 +146,7 @@ def hand_over(
         raise HandOverError(misfit)
     state = _dress(skeleton, lambda ref: _placed(received[ref.index], ref))
     _load(state, module, optimizer, in_place_all=_all_in_place(skeleton, in_place))
-    return HandedOver(int(state["step"]), state["extra"], received=True)
+    return HandedOver(int(state["step"]), state["extra"], received=True, synced=synced)
 
 
 # -- the state, as a tree of plain objects and tensors ----------------------------------------

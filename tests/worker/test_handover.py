@@ -23,7 +23,7 @@ def test_without_a_fresh_rank_the_values_come_back_untouched() -> None:
     assigned = WorldAssigned(3, 1, 2, 1, False, 0, (), {"kind": "file", "path": "x"}, 10.0)
     extra = {"seen": 1}
     got = worker.hand_over(worker.World(assigned, None), step=12, extra=extra)
-    assert got == worker.HandedOver(12, extra, received=False)
+    assert got == worker.HandedOver(12, extra, received=False, synced=False)
 
 
 def run_world(tmp_path: Path, *flags: str) -> list[subprocess.CompletedProcess[str]]:
@@ -78,6 +78,7 @@ def test_the_fresh_rank_gets_the_sources_state_and_the_survivors_keep_theirs(
     assert fresh["step"] == 7
     assert fresh["received"] is True
     assert source["received"] is False
+    assert [source["synced"], other["synced"], fresh["synced"]] == [True, True, True]
     assert not same(other["model"], fresh["model"])
     assert other["extra"]["object"] == ("a", 1)
 

@@ -53,6 +53,7 @@ def main() -> None:
         "step": got.step,
         "extra": got.extra,
         "received": got.received,
+        "synced": got.synced,
         "torch_rng": torch.get_rng_state(),
         "random": random.random(),
     }
