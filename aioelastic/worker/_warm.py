@@ -68,7 +68,8 @@ class Imported:
     failed: dict[str, str] = field(default_factory=dict)
     """Name -> the exception its import raised (it is left to the worker's own import)."""
     threaded: list[str] = field(default_factory=list)
-    """Modules whose import started a thread (``fork_safe``: left out, else imported)."""
+    """Modules whose import started a thread, with every module first loaded by that import
+    (any of them may be the one that started it; ``fork_safe``: left out, else imported)."""
 
 
 def import_modules(
@@ -85,11 +86,12 @@ def import_modules(
     """
     pending = [name for name in dict.fromkeys(names) if name not in NOT_LEARNED]
     done = Imported()
+    started: list[str] = []
     if fork_safe:
         threaded = set(probe_threads(pending))
         if threaded:
-            done.threaded = [name for name in pending if name in threaded]
-            pending = [name for name in pending if name not in threaded]
+            done.threaded = [name for name in pending if _under(name, threaded)]
+            pending = [name for name in pending if not _under(name, threaded)]
             logger.info(
                 "warming: left out %d module(s) whose import starts a thread (this process "
                 "will fork): %s",
@@ -102,20 +104,34 @@ def import_modules(
             continue
         if stop is not None and stop():
             break
-        before = thread_count()
+        before, loaded = thread_count(), len(sys.modules)
         try:
             importlib.import_module(name)
         except (Exception, SystemExit) as exc:  # the worker's own import will say why
             done.failed[name] = f"{type(exc).__name__}: {exc}"[:200]
             continue
         done.imported.append(name)
-        if thread_count() > before and name not in done.threaded:
-            done.threaded.append(name)
-    if done.threaded and not fork_safe:
-        logger.info("warming: the import of %s started thread(s)", ", ".join(done.threaded[:20]))
+        if thread_count() > before:
+            brought = list(sys.modules)[loaded:]  # in import order: appended to the dict
+            started.append(name)
+            done.threaded += [n for n in dict.fromkeys([name, *brought]) if n not in done.threaded]
+    if started and fork_safe:
+        logger.warning(
+            "warming: the import of %s started thread(s) in a process that will fork, "
+            "though the probe's did not",
+            ", ".join(started[:20]),
+        )
+    elif started:
+        logger.info("warming: the import of %s started thread(s)", ", ".join(started[:20]))
     if done.failed:
         logger.debug("warming: %d import(s) failed: %s", len(done.failed), done.failed)
     return done
+
+
+def _under(name: str, modules: set[str]) -> bool:
+    """Whether ``name`` is one of ``modules`` or a submodule of one (it imports its parent)."""
+    parts = name.split(".")
+    return any(".".join(parts[:n]) in modules for n in range(1, len(parts) + 1))
 
 
 PROBE_TIMEOUT = 300.0

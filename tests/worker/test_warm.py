@@ -151,6 +151,19 @@ def test_a_process_that_will_fork_leaves_out_a_module_that_starts_a_thread(
     ]
 
 
+def test_a_module_that_imports_a_threaded_one_is_left_out_with_it(modules: Path) -> None:
+    """fork_safe: warm_outer's import brings warm_threaded, which starts a thread; both are
+    left out (the parent would start the thread through either), the rest is imported."""
+    write(modules, "warm_threaded", THREADED)
+    write(modules, "warm_outer", "import warm_threaded\n")
+    write(modules, "warm_plain", "")
+    before = _warm.thread_count()
+    done = _warm.import_modules(["warm_outer", "warm_threaded", "warm_plain"], fork_safe=True)
+    assert done.threaded == ["warm_outer", "warm_threaded"]
+    assert done.imported == ["warm_plain"]
+    assert _warm.thread_count() == before
+
+
 def linked() -> tuple[Link, socket.socket]:
     ours, theirs = socket.socketpair()
     return Link(ours), theirs
