@@ -113,7 +113,9 @@ class World:
     # -- has it ended? ------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Raise :class:`WorldChanged` if this world ended; otherwise return at once."""
+        """Raise :class:`WorldChanged` if this world ended; otherwise return at once. Under an
+        agent, once the modules stopped growing from one call to the next, it also reports them
+        (once) so that the spares import them (see ``_warm.py``)."""
         if self._link is not None:
             _warm.at_step(self._link)  # once: the modules a spare should hold (see _warm.py)
         reason = self._end_reason()
