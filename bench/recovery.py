@@ -278,7 +278,11 @@ def median(runs: list[dict[str, float] | str], key: str) -> float | str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="4,8,16", help="worker counts, comma-separated")
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        help="worker counts, comma-separated (default: 4 for ddp, 4,8,16 for allreduce)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure")
     parser.add_argument("--torchrun-sizes", default="4", help="sizes torchrun is run at")
     parser.add_argument("--modes", default=",".join(MODES), help="a subset of " + ", ".join(MODES))
@@ -306,7 +310,8 @@ def main() -> None:
     if importlib.util.find_spec("torch") is None:
         print("recovery benchmark: skipped (torch is not installed)")
         return
-    sizes = [int(s) for s in options.sizes.split(",")]
+    default_sizes = "4" if options.workload == "ddp" else "4,8,16"
+    sizes = [int(s) for s in (options.sizes or default_sizes).split(",")]
     torchrun_sizes = {int(s) for s in options.torchrun_sizes.split(",") if s}
     model = options.model if options.workload == "ddp" else None
     if model is None:
