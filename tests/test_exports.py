@@ -85,7 +85,8 @@ PUBLIC = {
         "expires", "learned_limits", "read_learned",
     },
     "aioelastic.worker": {
-        "AgentLinkError", "LinkProtocolError", "World", "WorldChanged", "async_worlds", "worlds",
+        "AgentLinkError", "HandOverError", "HandedOver", "LinkProtocolError", "World",
+        "WorldChanged", "async_worlds", "hand_over", "worlds",
     },
 }  # fmt: skip
 """Each public module's ``__all__``."""

@@ -196,6 +196,15 @@ class ElasticAgent(Service):
         )
 
     @property
+    def warm_modules(self) -> list[str]:
+        """The modules this node's workers had loaded by their first step, in import order
+        (under ``--recovery in-place``, reported once by each worker; empty until then): what
+        an idle spare imports, and what a process that will fork may import with
+        ``aioelastic.worker._warm.import_modules(names, fork_safe=True)``. The list grows in
+        place; copy it to keep a snapshot."""
+        return self._attempts.warm_modules
+
+    @property
     def timer_file(self) -> str | None:
         """The watchdog FIFO workers are told about, while running with the watchdog on."""
         return self._timer_file

@@ -78,12 +78,15 @@ from aioelastic.worker._protocol import (
     LineDecoder,
     Lines,
     LinkProtocolError,
+    Loaded,
     Message,
     NoMoreWorlds,
     StillValid,
     Trouble,
+    Warm,
     WorldAssigned,
     WorldEnded,
+    chunked,
     encode,
 )
 
@@ -165,6 +168,8 @@ class _Linked:
     link: socket.socket
     abort: socket.socket
     """Where the agent asks the worker to abort its collectives (see worker/_abort.py)."""
+    unsent: bytes = b""
+    """What the link's buffer did not take yet (sent, in order, once it is writable)."""
 
 
 class InPlaceGroup(WorkerGroup):
@@ -174,6 +179,10 @@ class InPlaceGroup(WorkerGroup):
     """The number of this attempt's first generation (numbers go on across attempts)."""
     store: Store | None = None
     """Where the node's generation is shown (``aioelastic status``), if anywhere."""
+    warm_modules: list[str] | None = None
+    """The modules this node's workers had loaded by their first step, in import order (each
+    reports them once, see ``aioelastic/worker/_warm.py``): what its idle spares import.
+    :class:`Attempts` shares one list across attempts; a group without one keeps its own."""
 
     def verdict_grace(self) -> float:
         """How long a troubled worker waits for its world's end before its error counts as its
@@ -205,6 +214,10 @@ class InPlaceGroup(WorkerGroup):
         self._later: list[g.Spawn] = []
         self._leaving = LeaveDeadlines(self.leave_timeout(), CANNOT_ABORT_GRACE)
         self._shown = anyio.Event()
+        if self.warm_modules is None:
+            self.warm_modules = []
+        self._known_modules = set(self.warm_modules)
+        self._warmed: dict[g.WorkerKey, int] = {}
 
     async def run(
         self,
@@ -342,7 +355,12 @@ class InPlaceGroup(WorkerGroup):
             return []
         match notice.message:
             case Hello():
-                return self._record(g.Ready(linked.key), now, pid=linked.worker.process.pid)
+                commands = self._record(g.Ready(linked.key), now, pid=linked.worker.process.pid)
+                self._warm_spares()
+                return commands
+            case Loaded(names=names):
+                self._learn(names)
+                return []
             case Enter(generation=number):
                 self._leaving.entered(linked.key, number)
                 return self._record(g.Entered(linked.key, number), now)
@@ -357,6 +375,26 @@ class InPlaceGroup(WorkerGroup):
             case other:
                 logger.warning("worker %s sent an agent's message %r; ignored", linked.key, other)
                 return []
+
+    def _learn(self, names: Sequence[str]) -> None:
+        """Add what a worker reported it had loaded to :attr:`warm_modules`; warm the spares."""
+        assert self.warm_modules is not None
+        known = self._known_modules
+        new = [name for name in names if name not in known]
+        if new:
+            known.update(new)
+            self.warm_modules += new
+            self._warm_spares()
+
+    def _warm_spares(self) -> None:
+        """Send each idle spare of this node the learned modules it was not sent yet."""
+        modules = self.warm_modules or []
+        for key in self.machine.spares(self.node):
+            sent = self._warmed.get(key, 0)
+            if key in self._linked and sent < len(modules):
+                for message in chunked(Warm, modules[sent:]):
+                    self._send(key, message)
+                self._warmed[key] = len(modules)
 
     def _exited(self, linked: _Linked, now: float) -> list[g.Command]:
         worker = linked.worker
@@ -586,10 +624,38 @@ class InPlaceGroup(WorkerGroup):
         linked = self._linked.get(key)
         if linked is None:  # a worker of an earlier life of this node (a replica replayed it)
             return
+        data = encode(message)
+        if linked.unsent:  # after what is waiting, never in the middle of it
+            linked.unsent += data
+            return
         try:
-            linked.link.send(encode(message))
-        except (BlockingIOError, OSError) as exc:
+            sent = linked.link.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
             logger.info("could not tell worker %s %s: %s", key, type(message).__name__, exc)
+            return
+        if sent < len(data):  # a full buffer (a long Warm list): the rest goes when it drains
+            linked.unsent = data[sent:]
+            scope = anyio.CancelScope(shield=True)  # bounded like the pumps
+            self._pump_scopes.append(scope)
+            self._pumps.start_soon(self._send_unsent, linked, scope)
+
+    @staticmethod
+    async def _send_unsent(linked: _Linked, scope: anyio.CancelScope) -> None:
+        """Send what the link's buffer did not take, as it drains (the worker reads)."""
+        with scope:
+            while linked.unsent:
+                await anyio.wait_writable(linked.link)
+                try:
+                    sent = linked.link.send(linked.unsent)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:  # gone: its pidfd says so
+                    logger.info("could not tell worker %s the rest: %s", linked.key, exc)
+                    linked.unsent = b""
+                    return
+                linked.unsent = linked.unsent[sent:]
 
     # -- processes and links --------------------------------------------------------------------
 
@@ -1014,6 +1080,8 @@ class SharedInPlaceGroup(InPlaceGroup):
         except g.GenerationProtocolError as exc:  # every replica refuses it alike
             logger.warning("generation log entry refused: %s", exc)
             return []
+        if isinstance(event, g.Ready):  # a spare of this node may be ready now: warm it
+            self._warm_spares()
         if self._replaying:
             if entry.by == self._token and isinstance(event, g.NodeJoined):
                 self._replaying = False  # caught up: from here on this replica acts
@@ -1063,6 +1131,9 @@ class Attempts:
         self.store: Store | None = None
         """The round's store: each in-place group shows its generation there."""
         self.last_generation = 0
+        self.warm_modules: list[str] = []
+        """What this node's workers had loaded by their first step (see
+        :attr:`InPlaceGroup.warm_modules`): learned in one attempt, kept for the next."""
         self._current: InPlaceGroup | None = None
         self._warned = False
         self._heard: tuple[RendezvousInfo, tuple[NodeRecord, ...]] | None = None
@@ -1122,6 +1193,7 @@ class Attempts:
                 **options,
             )
             shared.store = self.store
+            shared.warm_modules = self.warm_modules
             self._current = shared
             return shared
         if info.group_world_size > 1:
@@ -1137,6 +1209,7 @@ class Attempts:
         group = InPlaceGroup(self.spec, info, ranks, **options)
         group.first_generation = self.last_generation + 1
         group.store = self.store
+        group.warm_modules = self.warm_modules
         self._current = group
         return group
 

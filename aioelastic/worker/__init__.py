@@ -6,8 +6,7 @@ from aioelastic import worker
 for world in worker.worlds():          # blocks until this process has a place
     with world:                         # the world ending ends the world, not the process
         world.init_process_group("gloo")
-        if world.fresh_ranks:           # someone holds no state: send it from source_rank
-            ...
+        step = worker.hand_over(world, model, optimizer, step=step).step  # to fresh ranks
         train(world)                    # world.check() at a step boundary,
                                         # world.should_stop(step): save and return
 ```
@@ -17,8 +16,19 @@ on in the next world; anywhere else :func:`worlds` yields one world from torch's
 preempted (under ``aioelastic run``; see ``_preemption.py``).
 """
 
+from aioelastic.worker._handover import HandedOver, HandOverError, hand_over
 from aioelastic.worker._link import AgentLinkError
 from aioelastic.worker._protocol import LinkProtocolError
 from aioelastic.worker._world import World, WorldChanged, async_worlds, worlds
 
-__all__ = ["AgentLinkError", "LinkProtocolError", "World", "WorldChanged", "async_worlds", "worlds"]
+__all__ = [
+    "AgentLinkError",
+    "HandOverError",
+    "HandedOver",
+    "LinkProtocolError",
+    "World",
+    "WorldChanged",
+    "async_worlds",
+    "hand_over",
+    "worlds",
+]

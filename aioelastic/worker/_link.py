@@ -20,6 +20,7 @@ from aioelastic.worker._protocol import (
     Message,
     NoMoreWorlds,
     StillValid,
+    Warm,
     WorldAssigned,
     WorldEnded,
     encode,
@@ -44,6 +45,8 @@ class Link:
         self.valid: set[int] = set()
         self.no_more: str | None = None
         self.newest = 0
+        self.warm: list[str] = []
+        """Modules the agent asked this process (an idle spare) to import, not imported yet."""
 
     @classmethod
     def from_env(cls) -> Link | None:
@@ -108,6 +111,8 @@ class Link:
                 self.valid.add(message.generation)
             case NoMoreWorlds():
                 self.no_more = message.reason
+            case Warm():
+                self.warm.extend(message.names)
             case _:
                 raise AgentLinkError(f"the agent sent a worker's message: {message}")
 

@@ -3,15 +3,17 @@
 The agent gives each worker one end of a socket pair (its number in ``AIOELASTIC_WORKER_FD``).
 The worker says :class:`Hello` when it asks for a world, :class:`Enter` when it enters one and
 :class:`Trouble` when an exception left ``with world:`` (is it the world's end, or the worker's
-own bug?). The agent sends :class:`WorldAssigned`, :class:`WorldEnded`, :class:`StillValid` (the
-answer to :class:`Trouble` when no end came within the grace) and :class:`NoMoreWorlds`. Pure:
-no I/O here; both sides frame with :class:`LineDecoder`.
+own bug?), and once :class:`Loaded` (the modules it has loaded, see ``_warm.py``). The agent
+sends :class:`WorldAssigned`, :class:`WorldEnded`, :class:`StillValid` (the answer to
+:class:`Trouble` when no end came within the grace), :class:`NoMoreWorlds`, and to an idle spare
+:class:`Warm` (modules to import while it waits). Pure: no I/O here; both sides frame with
+:class:`LineDecoder`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Generic, TypeVar
 
@@ -46,6 +48,14 @@ class Trouble:
 
     generation: int
     error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """Worker -> agent: modules it has loaded, in import order (a long list comes in several
+    messages, see :func:`chunked`)."""
+
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +97,53 @@ class NoMoreWorlds:
     reason: str
 
 
-Message = Hello | Enter | Trouble | WorldAssigned | WorldEnded | StillValid | NoMoreWorlds
+@dataclass(frozen=True, slots=True)
+class Warm:
+    """Agent -> idle spare: import these modules while waiting (the job's workers have them)."""
+
+    names: tuple[str, ...]
+
+
+Message = (
+    Hello | Enter | Trouble | Loaded | WorldAssigned | WorldEnded | StillValid | NoMoreWorlds | Warm
+)
 M = TypeVar("M")
 
 _KINDS: dict[str, type[Message]] = {
     cls.__name__: cls
-    for cls in (Hello, Enter, Trouble, WorldAssigned, WorldEnded, StillValid, NoMoreWorlds)
+    for cls in (
+        Hello,
+        Enter,
+        Trouble,
+        Loaded,
+        WorldAssigned,
+        WorldEnded,
+        StillValid,
+        NoMoreWorlds,
+        Warm,
+    )
 }
+
+CHUNK = MAX_LINE // 2
+"""Bytes of names in one :class:`Loaded` or :class:`Warm` message (well under a line)."""
+
+
+def chunked(kind: type[Loaded] | type[Warm], names: Sequence[str]) -> list[Loaded | Warm]:
+    """``names`` as messages of ``kind``, each line well under :data:`MAX_LINE`, in order."""
+    messages: list[Loaded | Warm] = []
+    chunk: list[str] = []
+    size = 0
+    for name in names:
+        if len(name) > CHUNK:
+            continue  # no module has such a name; it could not travel
+        if size + len(name) + 4 > CHUNK:
+            messages.append(kind(tuple(chunk)))
+            chunk, size = [], 0
+        chunk.append(name)
+        size += len(name) + 4
+    if chunk:
+        messages.append(kind(tuple(chunk)))
+    return messages
 
 
 def encode(message: Message) -> bytes:
@@ -109,6 +159,10 @@ def decode(line: bytes) -> Message:
         values = {f.name: data[f.name] for f in fields(cls)}
         if "fresh_ranks" in values:
             values["fresh_ranks"] = tuple(int(r) for r in values["fresh_ranks"])
+        if "names" in values:
+            if not all(isinstance(name, str) for name in values["names"]):
+                raise TypeError("names must be strings")
+            values["names"] = tuple(values["names"])
         return cls(**values)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LinkProtocolError(f"not a message of the agent-worker link: {line[:80]!r}") from exc

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from aioelastic._process_group import destroy_default_process_group
 from aioelastic.store import BlockingTCPStore, PrefixStore, TCPStore
-from aioelastic.worker import _preemption
+from aioelastic.worker import _preemption, _warm
 from aioelastic.worker._abort import AbortWatch
 from aioelastic.worker._link import AgentLinkError, Link
 from aioelastic.worker._protocol import Enter, Hello, Trouble, WorldAssigned
@@ -116,7 +116,10 @@ class World:
 
     def step(self, n: int) -> None:
         """Mark that step ``n`` begins now (goodput and stragglers; about a microsecond, no
-        I/O: marks go to the agent in batches; a no-op without ``aioelastic run``)."""
+        I/O: marks go to the agent in batches; a no-op without ``aioelastic run``). Like
+        :meth:`check`, it reports the loaded modules once for the spares."""
+        if self._link is not None:
+            _warm.at_step(self._link)
         marks().mark(self.generation, self.rank, n)
 
     def work_done(self) -> None:
@@ -138,7 +141,11 @@ class World:
     # -- has it ended? ------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Raise :class:`WorldChanged` if this world ended; otherwise return at once."""
+        """Raise :class:`WorldChanged` if this world ended; otherwise return at once. Under an
+        agent, once the modules stopped growing from one call to the next, it also reports them
+        (once) so that the spares import them (see ``_warm.py``)."""
+        if self._link is not None:
+            _warm.at_step(self._link)  # once: the modules a spare should hold (see _warm.py)
         reason = self._end_reason()
         if reason is not None:
             raise WorldChanged(self.generation, reason)
@@ -276,7 +283,8 @@ def worlds() -> Iterator[World]:
             return
         while True:
             while (assigned := link.next_world()) is None and link.no_more is None:
-                link.wait()
+                if not _warm.while_idle(link):  # a spare imports what the workers hold
+                    link.wait()
             if assigned is None:
                 return
             world = World(assigned, link)
@@ -297,7 +305,8 @@ async def async_worlds() -> AsyncIterator[World]:
         return
     while True:
         while (assigned := link.next_world()) is None and link.no_more is None:
-            await link.wait_async()
+            if not _warm.while_idle(link):  # a spare imports what the workers hold
+                await link.wait_async()
         if assigned is None:
             return
         world = World(assigned, link)
