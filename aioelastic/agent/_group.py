@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -48,6 +48,9 @@ from aioelastic.agent._logs import (
 from aioelastic.agent._process import WorkerProcess
 from aioelastic.agent._report import HangReport, WorkerFailure, read_error_file, signal_name
 from aioelastic.agent._spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from aioelastic.agent._template import Template
 
 T = TypeVar("T")
 
@@ -106,6 +109,7 @@ class WorkerGroup:
         consoles: Consoles,
         emit: Callable[[AgentEvent], None],
         guardian: Guardian | None = None,
+        template: Template | None = None,
     ) -> None:
         self.spec = spec
         self.info = info
@@ -116,6 +120,8 @@ class WorkerGroup:
         self._consoles = consoles
         self._emit = emit
         self._guardian = guardian
+        self._template = template
+        """The fork template (``--preload``) workers are forked from while it is ready."""
         self.workers: list[_Worker] = []
         self.reaps: dict[int, WorkerReaped] = {}
         self.hang: HangReport | None = None
@@ -319,6 +325,7 @@ class WorkerGroup:
                 stderr=err.child_end,
                 guardian=self._guardian,
                 pass_fds=pass_fds,
+                template=self._template,
             )
         finally:
             out.after_spawn()

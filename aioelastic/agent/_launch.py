@@ -78,6 +78,7 @@ class LaunchConfig:
     numa_binding: str | None = None
     event_log_handler: str = "null"
     expose_torch_store: bool = False
+    preload: tuple[str, ...] = ()
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -149,6 +150,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
     if args.module and args.no_python:
         raise FlagError("--module and --no-python cannot be combined")
+    if args.preload and args.no_python:
+        raise FlagError("--preload forks Python workers: it cannot be combined with --no-python")
+    if args.preload and args.numa_binding is not None:
+        raise FlagError("--preload cannot fork workers bound by numactl: drop --numa-binding")
     if args.spares and args.recovery != "in-place":
         raise FlagError("--spares needs --recovery in-place (spares wait in worker.worlds())")
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
@@ -231,6 +236,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         numa_binding=args.numa_binding,
         event_log_handler=args.event_log_handler,
         expose_torch_store=args.expose_torch_store,
+        preload=args.preload,
     )
 
 
@@ -323,6 +329,18 @@ def describe(event: AgentEvent) -> str | None:
             )
         case ev.SpareStarted():
             return f"started a spare worker: pid {event.pid}"
+        case ev.TemplateReady():
+            return (
+                f"fork template ready: pid {event.pid} preloaded {','.join(event.modules)} "
+                f"in {event.seconds:.2f} s"
+            )
+        case ev.TemplateLost():
+            then = (
+                "restarting it; workers start plainly until it is ready"
+                if event.restarting
+                else "workers start plainly (importing their modules) from now on"
+            )
+            return f"fork template (pid {event.pid}) lost: {event.reason}; {then}"
         case ev.NodeFenced():
             return f"fenced: {event.detail}; killing the workers (SIGKILL) and joining again"
         case ev.ShutdownRequested():
@@ -527,6 +545,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         virtual_local_rank=config.virtual_local_rank,
                         numa_binding=config.numa_binding,
                         torch_store="expose" if config.expose_torch_store else "loopback",
+                        preload=config.preload,
                     )
                     router.agent = ElasticAgent(
                         spec,

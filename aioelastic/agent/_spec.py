@@ -164,6 +164,9 @@ class WorkerSpec:
     torch_store: str = "loopback"
     """Where workers find torch's store: ``loopback`` (each agent serves its own workers) or
     ``expose`` (torchrun's arrangement: the hosting agent serves it on the network)."""
+    preload: tuple[str, ...] = ()
+    """Modules a fork template imports once per node; workers are then its forks (``--preload``,
+    see ``_template.py``). Needs a Python entrypoint."""
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERY_MODES:
@@ -190,6 +193,23 @@ class WorkerSpec:
                 raise WorkerSpecError(name, value, "must be a non-negative number of seconds")
         if not self.role:
             raise WorkerSpecError("role", self.role, "must be a non-empty name")
+        if self.preload:
+            self._check_preload()
+
+    def _check_preload(self) -> None:
+        from aioelastic.agent._template import check_module_names, python_command
+
+        try:
+            check_module_names(self.preload)
+            python_command(self.argv)
+        except ValueError as exc:
+            raise WorkerSpecError("preload", ",".join(self.preload), str(exc)) from None
+        if self.numa_binding is not None:
+            raise WorkerSpecError(
+                "preload",
+                ",".join(self.preload),
+                "workers bound with numactl (numa_binding) cannot be forked: drop one of them",
+            )
 
     @property
     def argv(self) -> list[str]:
