@@ -197,7 +197,8 @@ class WorkerSpec:
             self._check_preload()
 
     def _check_preload(self) -> None:
-        from aioelastic.agent._template import check_module_names, python_command
+        from aioelastic.agent._template import python_command
+        from aioelastic.agent._template_codec import check_module_names
 
         try:
             check_module_names(self.preload)

@@ -34,6 +34,7 @@ children carry nothing of the agent.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import gc
 import hashlib
@@ -52,7 +53,7 @@ import threading
 import traceback
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -138,7 +139,8 @@ def fd_collision(
     taken = [fd for fd in targets if fd > 2 and fd in links and fd not in own]
     if not taken:
         return None
-    return f"descriptor(s) {taken} of the worker are in use in the template ({[links[fd] for fd in taken]})"
+    held = [links[fd] for fd in taken]
+    return f"descriptor(s) {taken} of the worker are in use in the template ({held})"
 
 
 def derive_seed(seed: int, rank: str, restart_count: str) -> int:
@@ -180,26 +182,30 @@ def os_thread_names() -> list[str]:
     return names
 
 
-def stop_idle_pools() -> None:
-    """Stop OpenBLAS's idle worker threads (what its own fork handler does): they start
-    again on the next BLAS call, in each child."""
-    seen = set()
+def idle_pool_stoppers() -> list[Any]:
+    """OpenBLAS's ``blas_thread_shutdown_`` of each OpenBLAS this process loaded: it stops
+    the library's idle worker threads (what its own fork handler does); they start again on
+    the next BLAS call, in each child."""
+    stoppers, seen = [], set()
     with open("/proc/self/maps") as maps:
         for line in maps:
-            path = line.split()[-1] if line.count("/") else ""
+            path = line.split()[-1] if "/" in line else ""
             if "openblas" in os.path.basename(path).lower() and path not in seen:
                 seen.add(path)
                 shutdown = getattr(ctypes.CDLL(path), "blas_thread_shutdown_", None)
                 if shutdown is not None:
-                    shutdown()
+                    stoppers.append(shutdown)
+    return stoppers
 
 
-def fork_refusal(own: Collection[int]) -> str | None:
-    """Why this process may not fork now (None: it may); the threads are checked last."""
+def fork_refusal(own: Collection[int], stoppers: Sequence[Any] = ()) -> str | None:
+    """Why this process may not fork now (None: it may); the threads are checked last, once
+    ``stoppers`` (see :func:`idle_pool_stoppers`) stopped the idle pools."""
     reason = cuda_refusal(sys.modules) or socket_refusal(open_descriptors(), own)
     if reason is not None:
         return reason
-    stop_idle_pools()
+    for stop in stoppers:
+        stop()
     python_threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     return thread_refusal(Path("/proc/self/status").read_text(), python_threads, os_thread_names())
 
@@ -306,10 +312,8 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(code, int):
         return code & 0xFF
-    try:
+    with contextlib.suppress(Exception):
         print(code, file=sys.stderr)
-    except Exception:
-        pass
     return 1
 
 
@@ -323,17 +327,26 @@ def run_entrypoint(kind: str, target: str) -> int:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt as exc:
+        traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__))
         code, interrupted = 130, True
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
+    except BaseException as exc:
+        sys.excepthook(type(exc), exc, _user_frames(exc.__traceback__))
         code = 1
     code = _finalize(code)
     if interrupted:  # as CPython does: die of SIGINT so the parent sees it
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return code
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its first frames in this module and :mod:`runpy` (``python script``'s
+    traceback starts in the script)."""
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+        tb = tb.tb_next
+    return tb
 
 
 def _finalize(code: int) -> int:
@@ -366,14 +379,22 @@ class TemplateServer:
     def __init__(self, control: socket.socket, signals: Mapping[int, Any]) -> None:
         self.control = control
         self.signals = signals
+        self.stoppers: list[Any] = []
+
+    def settle(self) -> str | None:
+        """After imports: collect, freeze what is left (its pages stay shared), find the idle
+        pools to stop at each fork; why forking is unsafe now, or None."""
+        gc.collect()
+        gc.freeze()
+        self.stoppers = idle_pool_stoppers()
+        return self.check()
 
     def send(self, message: codec.Message) -> None:
         self.control.send(codec.encode(message))
 
     def check(self) -> str | None:
-        gc.collect()
-        gc.freeze()
-        return fork_refusal((self.control.fileno(),))
+        gc.freeze()  # what the agent's requests created since: cheap, keeps it shared too
+        return fork_refusal((self.control.fileno(),), self.stoppers)
 
     def serve(self) -> None:
         while True:
@@ -417,7 +438,11 @@ class TemplateServer:
             if reason is not None:
                 return codec.Refused(request.id, reason)
             reader, writer = os.pipe()
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:
+                _close_all((reader, writer))
+                raise
             if pid == 0:
                 os.close(reader)
                 _become_worker(request, received, self.control.fileno(), writer, self.signals)
@@ -446,7 +471,7 @@ class TemplateServer:
         failure = import_all(request.modules)
         if failure is not None:
             return codec.Refused(request.id, failure)
-        reason = self.check()
+        reason = self.settle()
         if reason is not None:
             return codec.Refused(request.id, reason, fatal=True)
         return codec.Imported(request.id)
@@ -511,7 +536,7 @@ def main(argv: Sequence[str]) -> int:
     server = TemplateServer(control, signals)
     failure = import_all(config["modules"])
     if failure is None:
-        failure = server.check()
+        failure = server.settle()
     if failure is not None:
         server.send(codec.Refused(0, failure, fatal=True))
         return 1
