@@ -146,6 +146,8 @@ class _Process:
         self.control = control
         self.started = time.monotonic()
         self.ready = False
+        self.reading = anyio.CancelScope()
+        """Cancelled when the agent gives this template up: its reader closes the socket."""
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -222,12 +224,9 @@ class Template:
         tb: TracebackType | None,
     ) -> None:
         assert self._tg is not None
-        self._tg.cancel_scope.cancel()
-        try:
-            await self._tg.__aexit__(exc_type, exc, tb)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._close_process()
+        self._process = None
+        self._tg.cancel_scope.cancel()  # each reader closes its socket: its template exits
+        await self._tg.__aexit__(exc_type, exc, tb)
 
     def _start(self) -> None:
         """Exec a template (non-blocking: its imports run on their own)."""
@@ -259,20 +258,6 @@ class Template:
         self._starts += 1
         assert self._tg is not None
         self._tg.start_soon(self._read, self._process)
-
-    async def _close_process(self) -> None:
-        process, self._process = self._process, None
-        if process is None:
-            return
-        process.control.close()  # end of file: the template exits
-        with suppress(OSError), anyio.move_on_after(EXIT_TIMEOUT):
-            pidfd = os.pidfd_open(process.popen.pid)
-            try:
-                await anyio.wait_readable(pidfd)
-            finally:
-                os.close(pidfd)
-        process.kill()
-        process.popen.wait()
 
     async def wait_ready(self) -> None:
         """Wait until the template has imported its modules; raise :class:`PreloadError` if
@@ -393,7 +378,7 @@ class Template:
         if process is None or self._importing:
             return None
         if process.popen.poll() is not None:
-            self._lost(process, f"it exited with status {process.popen.returncode}")
+            self._lost(process, _died(process))
             return self._process if self._process and self._process.ready else None
         return process if process.ready else None
 
@@ -440,14 +425,24 @@ class Template:
                 self._deliver(process, reply)
 
     async def _read(self, process: _Process) -> None:
-        """Read ``process``'s answers until its socket closes (it died or was closed)."""
-        with suppress(OSError):
-            while self._process is process:
-                await anyio.wait_readable(process.control)
-                if not self._receive_ready(process):
-                    break
-        if self._process is process:
-            self._lost(process, f"it died (status {process.popen.wait()})")
+        """Read ``process``'s answers until its socket closes or the agent gives it up; then
+        close the socket (only now: its descriptor number stays taken while it is watched) and
+        reap the template, killing it if it does not leave."""
+        try:
+            with process.reading, suppress(OSError):
+                while True:
+                    await anyio.wait_readable(process.control)
+                    if not self._receive_ready(process):
+                        break
+            if self._process is process:  # it closed its end: it is dying
+                await _exited(process)
+                self._lost(process, _died(process))
+        finally:
+            process.control.close()  # end of file: a template still running exits
+            with anyio.CancelScope(shield=True):
+                await _exited(process)
+                process.kill()
+                process.popen.wait()
 
     async def _wait_arrival(self) -> None:
         await self._arrived.wait()
@@ -474,7 +469,7 @@ class Template:
                 return None
             readable, _, _ = select.select([process.control], [], [], left)
             if readable and not self._receive_ready(process):
-                self._lost(process, f"it died (status {process.popen.wait()})")
+                self._lost(process, _died(process))
                 return None
         self._waiting.discard(request_id)
         return self._replies.pop(request_id)
@@ -484,7 +479,7 @@ class Template:
         if self._process is not process:
             return
         process.kill()
-        process.control.close()
+        process.reading.cancel()
         self._process = None
         if self._first_answer is None:  # the first template died while importing
             self._first_answer = codec.Refused(0, f"the template {reason}", fatal=True)
@@ -503,6 +498,31 @@ class Template:
                 self._start()
             except OSError as exc:
                 self._emit(TemplateLost(None, f"a new template could not start: {exc}", False))
+
+
+async def _exited(process: _Process) -> None:
+    """Wait (at most :data:`EXIT_TIMEOUT`) for ``process`` to exit."""
+    with suppress(OSError), anyio.move_on_after(EXIT_TIMEOUT):
+        pidfd = os.pidfd_open(process.popen.pid)
+        try:
+            await anyio.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+    process.popen.poll()
+
+
+def _died(process: _Process) -> str:
+    """How ``process`` ended, as far as known without waiting."""
+    code = process.popen.poll()
+    if code is None:
+        return "it closed its socket"
+    if code < 0:
+        return (
+            f"it died ({signal.Signals(-code).name})"
+            if -code in signal.valid_signals()
+            else "it died"
+        )
+    return f"it died (exit status {code})"
 
 
 def _descriptors(redirects: Sequence[Redirect]) -> tuple[list[int], list[int]]:

@@ -328,10 +328,12 @@ def run_entrypoint(kind: str, target: str) -> int:
     except SystemExit as exc:
         code = _exit_code(exc)
     except KeyboardInterrupt as exc:
-        traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__))
+        exc.__traceback__ = _user_frames(exc.__traceback__)
+        traceback.print_exception(exc)
         code, interrupted = 130, True
     except BaseException as exc:
-        sys.excepthook(type(exc), exc, _user_frames(exc.__traceback__))
+        exc.__traceback__ = _user_frames(exc.__traceback__)  # the hook prints the exception's
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         code = 1
     code = _finalize(code)
     if interrupted:  # as CPython does: die of SIGINT so the parent sees it
@@ -343,8 +345,11 @@ def run_entrypoint(kind: str, target: str) -> int:
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     """``tb`` without its first frames in this module and :mod:`runpy` (``python script``'s
     traceback starts in the script)."""
-    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+    ours = os.path.abspath(__file__)
+    while tb is not None and (
+        tb.tb_frame.f_globals.get("__name__") == "runpy"
+        or os.path.abspath(tb.tb_frame.f_code.co_filename) == ours
+    ):
         tb = tb.tb_next
     return tb
 
