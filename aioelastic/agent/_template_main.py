@@ -397,9 +397,11 @@ class TemplateServer:
     def send(self, message: codec.Message) -> None:
         self.control.send(codec.encode(message))
 
-    def check(self) -> str | None:
+    def check(self, received: Sequence[int] = ()) -> str | None:
+        """Why forking is unsafe now (None: it is safe); ``received``: a request's own
+        descriptors (sockets the agent passes to the worker are the worker's)."""
         gc.freeze()  # what the agent's requests created since: cheap, keeps it shared too
-        return fork_refusal((self.control.fileno(),), self.stoppers)
+        return fork_refusal((self.control.fileno(), *received), self.stoppers)
 
     def serve(self) -> None:
         while True:
@@ -439,7 +441,7 @@ class TemplateServer:
             reason = fd_collision(request.fds, open_descriptors(), own)
             if reason is not None:
                 return codec.Refused(request.id, reason)
-            reason = self.check()
+            reason = self.check(received)
             if reason is not None:
                 return codec.Refused(request.id, reason)
             reader, writer = os.pipe()

@@ -430,3 +430,26 @@ async def test_forked_torch_workers_compute_and_all_reduce_over_gloo() -> None:
     (template,) = template_pids(run.err.text)
     for rank in range(2):
         assert f"rank {rank} attempt 1 parent {template}: grad ok, all_reduce 3.0" in run.out.text
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("spares", [0, 1])
+async def test_an_in_place_replacement_is_a_fork_that_computes_and_all_reduces(
+    spares: int, tmp_path: Path
+) -> None:
+    """Rank 2 dies: its replacement (a new fork, or a spare forked earlier) joins the
+    survivors in generation 2, and every step there (matmul, backward, all_reduce) succeeds."""
+    script = str(WORKERS / "preload_inplace_torch.py")
+    argv = [*STANDALONE, "3", "--recovery", "in-place", "--spares", str(spares)]
+    argv += ["--preload", "torch,aioelastic.worker", script, "--marker", str(tmp_path / "m")]
+    with anyio.fail_after(BOUND * 3):
+        async with launched(*argv) as run:
+            status = await run.wait()
+    assert status == 0, run
+    (template,) = template_pids(run.err.text)
+    fresh = re.findall(r"gen 2 rank 2 pid (\d+) parent (\d+) fresh 1", run.out.text)
+    assert [int(parent) for _, parent in fresh] == [template], run
+    assert "restarting the worker group" not in run.err.text
+    for rank in range(3):
+        assert f"gen 2 rank {rank} step 7 sum 3.0" in run.out.text
+        assert f"done rank {rank} step 8" in run.out.text or rank == 2
