@@ -39,6 +39,12 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
 def probes(text: str) -> list[dict[str, Any]]:
     """The probe worker's reports, in rank order."""
     found = [
@@ -408,16 +414,11 @@ async def test_an_import_that_starts_a_thread_replaces_the_template() -> None:
     assert any(isinstance(e, TemplateLost) and e.restarting for e in events)
 
 
-def _importable(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
-
-
 # -- real work after a fork (torch) -------------------------------------------------------------
 
 
 @pytest.mark.torch
+@pytest.mark.skipif(not _importable("torch"), reason="torch is not installed")
 async def test_forked_torch_workers_compute_and_all_reduce_over_gloo() -> None:
     """Preloaded torch: each fork runs a parallel matmul, a backward pass and a gloo
     all_reduce; the restarted group (forked again) does too."""
@@ -433,6 +434,7 @@ async def test_forked_torch_workers_compute_and_all_reduce_over_gloo() -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.skipif(not _importable("torch"), reason="torch is not installed")
 @pytest.mark.parametrize("spares", [0, 1])
 async def test_an_in_place_replacement_is_a_fork_that_computes_and_all_reduces(
     spares: int, tmp_path: Path
