@@ -455,3 +455,24 @@ async def test_an_in_place_replacement_is_a_fork_that_computes_and_all_reduces(
     for rank in range(3):
         assert f"gen 2 rank {rank} step 7 sum 3.0" in run.out.text
         assert f"done rank {rank} step 8" in run.out.text or rank == 2
+
+
+async def test_the_preload_example_runs() -> None:
+    """examples/agent_preload.py launches itself: both workers find the module preloaded, are
+    children of one template, and draw different numbers."""
+    with anyio.fail_after(BOUND * 2):
+        done = await anyio.run_process([sys.executable, str(EXAMPLES / "agent_preload.py")])
+    text = done.stdout.decode()
+    lines = re.findall(r"rank (\d): \w+ preloaded=True parent=(\d+) draw=([\d.]+)", text)
+    assert len(lines) == 2, text
+    assert lines[0][1] == lines[1][1] == str(template_pids(text)[0])
+    assert lines[0][2] != lines[1][2]
+
+
+def test_the_pss_reader_of_the_benchmark_reads_this_process() -> None:
+    """bench.preload reads a live process's PSS from smaps_rollup (0 for none)."""
+    from bench.preload import descendants, pss_kib
+
+    assert pss_kib(os.getpid()) > 0
+    assert pss_kib(2**22 + 1) == 0
+    assert os.getpid() in descendants(os.getppid())
