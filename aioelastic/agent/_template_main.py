@@ -275,13 +275,16 @@ def _become_worker(
     control: int,
     report: int,
     signals: Mapping[int, Any],
+    template: int,
 ) -> None:
-    """Set the child up as the request says; write what failed to ``report`` and exit 127."""
+    """Set the child up as the request says and run it. What the agent relies on (its own
+    session, dying with ``template``, its descriptors, directory, environment, signals) is
+    done before ``report`` closes, so the template answers once it holds; a failure there is
+    written to ``report`` (exit 127). The rest runs after, as the interpreter's start would."""
     try:
         os.setsid()
-        parent = os.getppid()
         _set_pdeathsig()
-        if os.getppid() != parent:  # the template died before the prctl: nobody supervises us
+        if os.getppid() != template:  # it died before the prctl: nobody would supervise us
             os._exit(1)
         high = _dup_above(report, max([*request.fds, *received, control, 2]) + 1)
         os.close(report)
@@ -293,15 +296,22 @@ def _become_worker(
         for signum, handler in signals.items():
             if signal.getsignal(signum) is not handler:
                 signal.signal(signum, handler)
+    except BaseException as exc:
+        os.write(report, f"{type(exc).__name__}: {exc}".encode()[:4000])
+        os._exit(127)
+    os.close(report)
+    try:
+        interpreter = sys.orig_argv[: max(len(sys.orig_argv) - 2, 1)]  # less program, config
+        entry = ["-m", request.target] if request.kind == "module" else [request.target]
+        sys.orig_argv = [*interpreter, *entry, *request.args]
         sys.argv = [request.target, *request.args]
         sys.path[0] = script_path0(request.kind, request.target, request.cwd)
         _reseed(request.seed, request.env)
         _reopen_logging()
         _reconfigure_stdio()
-    except BaseException as exc:
-        os.write(report, f"{type(exc).__name__}: {exc}".encode()[:4000])
-        os._exit(127)
-    os.close(report)
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
     os._exit(run_entrypoint(request.kind, request.target))
 
 
@@ -445,6 +455,7 @@ class TemplateServer:
             if reason is not None:
                 return codec.Refused(request.id, reason)
             reader, writer = os.pipe()
+            template = os.getpid()
             try:
                 pid = os.fork()
             except OSError:
@@ -452,7 +463,9 @@ class TemplateServer:
                 raise
             if pid == 0:
                 os.close(reader)
-                _become_worker(request, received, self.control.fileno(), writer, self.signals)
+                _become_worker(
+                    request, received, self.control.fileno(), writer, self.signals, template
+                )
             os.close(writer)
             failure = _read_all(reader)
             if failure:

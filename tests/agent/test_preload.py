@@ -76,6 +76,8 @@ async def test_workers_are_forks_of_the_template_run_as_python_script() -> None:
         assert report["ppid"] == template
         assert report["sid"] == report["pgid"] == report["pid"]
         assert report["argv"] == [PROBE, "--lr", "1"]
+        assert report["orig_argv"][-3:] == [PROBE, "--lr", "1"]
+        assert "-u" in report["orig_argv"]
         assert report["path0"] == str(WORKERS)
         assert report["main"] == "__main__"
         assert report["file"] == PROBE

@@ -30,6 +30,7 @@ def main() -> None:
         "sid": os.getsid(0),
         "pgid": os.getpgid(0),
         "argv": sys.argv,
+        "orig_argv": sys.orig_argv,
         "path0": sys.path[0],
         "main": __name__,
         "file": __file__,
