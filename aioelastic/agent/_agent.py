@@ -182,6 +182,12 @@ class ElasticAgent(Service):
         )
 
     @property
+    def template(self) -> Template | None:
+        """The node's fork template while running with ``spec.preload`` (None otherwise):
+        ``await agent.template.import_modules([...])`` preloads more for the next forks."""
+        return self._template
+
+    @property
     def timer_file(self) -> str | None:
         """The watchdog FIFO workers are told about, while running with the watchdog on."""
         return self._timer_file

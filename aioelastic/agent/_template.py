@@ -138,6 +138,18 @@ def template_env(
     return env
 
 
+@dataclass(frozen=True, slots=True)
+class TemplateStatistics:
+    """A snapshot of a :class:`Template`: its pid (None: none running), modules, the workers
+    forked and started plainly, the templates started (the first and its replacements)."""
+
+    pid: int | None
+    modules: tuple[str, ...]
+    forks: int
+    plain_starts: int
+    starts: int
+
+
 class _Process:
     """One template process and its end of the control socket."""
 
@@ -201,6 +213,12 @@ class Template:
     def pid(self) -> int | None:
         """The running template's pid (None while there is none)."""
         return None if self._process is None else self._process.popen.pid
+
+    def statistics(self) -> TemplateStatistics:
+        """A snapshot of the counters."""
+        return TemplateStatistics(
+            self.pid, self.modules, self.forks, self.plain_starts, self._starts
+        )
 
     @property
     def available(self) -> bool:
