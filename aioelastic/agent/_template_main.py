@@ -36,9 +36,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import gc
 import hashlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import io
 import json
@@ -234,23 +237,92 @@ def _place_descriptors(
 
 
 def _dup_above(fd: int, floor: int) -> int:
-    import fcntl
-
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
 
 
-def _reseed(seed: int, env: Mapping[str, str]) -> None:
+def user_seeded(random_seeded: bool, torch_seeded: bool) -> frozenset[str]:
+    """The generators a preloaded module seeded: those keep their seed in every child.
+    NumPy's global seeding cannot be told apart from its import-time entropy: it is always
+    reseeded."""
+    return frozenset(
+        name for name, seeded in (("random", random_seeded), ("torch", torch_seeded)) if seeded
+    )
+
+
+class _SeedWatch(importlib.abc.MetaPathFinder):
+    """Notes whether ``random.seed`` or ``torch.manual_seed`` is called while the modules are
+    imported (for torch: through a finder that wraps ``manual_seed`` once torch is loaded)."""
+
+    def __init__(self) -> None:
+        self.random_called = False
+        self.torch_called = False
+        self._random_seed = random.seed
+        self._torch: tuple[ModuleType, Any] | None = None
+
+    def __enter__(self) -> _SeedWatch:
+        original = self._random_seed
+
+        def seed(*args: Any, **kwargs: Any) -> None:
+            self.random_called = True
+            original(*args, **kwargs)
+
+        random.seed = seed
+        if "torch" not in sys.modules:
+            sys.meta_path.insert(0, self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        random.seed = self._random_seed
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        if self._torch is not None:
+            module, original = self._torch
+            setattr(module, "manual_seed", original)  # noqa: B010
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = None if spec is None else spec.loader
+        if loader is None:
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_and_watch(module: ModuleType) -> None:
+            exec_module(module)
+            original = getattr(module, "manual_seed")  # noqa: B009
+
+            def manual_seed(seed: int) -> Any:
+                self.torch_called = True
+                return original(seed)
+
+            setattr(module, "manual_seed", manual_seed)  # noqa: B010
+            self._torch = (module, original)
+
+        loader.exec_module = exec_and_watch  # type: ignore[method-assign]
+        return spec
+
+
+def _reseed(
+    seed: int, env: Mapping[str, str], keep: Collection[str], random_state: Any = None
+) -> None:
     rank = env.get("RANK", "")
     if not rank or rank.startswith("-"):  # a spare holds no rank yet: its own stream
         rank = f"pid{os.getpid()}"
     job_seed = int(env[SEED_VARIABLE]) if env.get(SEED_VARIABLE, "").isdigit() else seed
     value = derive_seed(job_seed, rank, env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    random.seed(value)
+    if "random" not in keep:
+        random.seed(value)
+    elif random_state is not None:  # CPython reseeds random in every child: undo that
+        random.setstate(random_state)
     numpy = sys.modules.get("numpy")
     if numpy is not None and hasattr(numpy, "random"):
         numpy.random.seed(value % 2**32)
     torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "manual_seed"):
+    if torch is not None and hasattr(torch, "manual_seed") and "torch" not in keep:
         torch.manual_seed(value)
 
 
@@ -276,6 +348,8 @@ def _become_worker(
     report: int,
     signals: Mapping[int, Any],
     template: int,
+    keep_seeds: Collection[str] = frozenset(),
+    random_state: Any = None,
 ) -> None:
     """Set the child up as the request says and run it. What the agent relies on (its own
     session, dying with ``template``, its descriptors, directory, environment, signals) is
@@ -306,7 +380,7 @@ def _become_worker(
         sys.orig_argv = [*interpreter, *entry, *request.args]
         sys.argv = [request.target, *request.args]
         sys.path[0] = script_path0(request.kind, request.target, request.cwd)
-        _reseed(request.seed, request.env)
+        _reseed(request.seed, request.env, keep_seeds, random_state)
         _reopen_logging()
         _reconfigure_stdio()
     except BaseException:
@@ -395,6 +469,8 @@ class TemplateServer:
         self.control = control
         self.signals = signals
         self.stoppers: list[Any] = []
+        self.keep_seeds: frozenset[str] = frozenset()
+        """The generators a preloaded module seeded (children keep their seed)."""
 
     def settle(self) -> str | None:
         """After imports: collect, freeze what is left (its pages stay shared), find the idle
@@ -456,6 +532,7 @@ class TemplateServer:
                 return codec.Refused(request.id, reason)
             reader, writer = os.pipe()
             template = os.getpid()
+            random_state = random.getstate()
             try:
                 pid = os.fork()
             except OSError:
@@ -464,7 +541,14 @@ class TemplateServer:
             if pid == 0:
                 os.close(reader)
                 _become_worker(
-                    request, received, self.control.fileno(), writer, self.signals, template
+                    request,
+                    received,
+                    self.control.fileno(),
+                    writer,
+                    self.signals,
+                    template,
+                    self.keep_seeds,
+                    random_state,
                 )
             os.close(writer)
             failure = _read_all(reader)
@@ -488,7 +572,9 @@ class TemplateServer:
         return codec.Reaped(request.id, request.pid, os.waitstatus_to_exitcode(status))
 
     def import_modules(self, request: codec.Import) -> codec.Reply:
-        failure = import_all(request.modules)
+        with _SeedWatch() as watch:
+            failure = import_all(request.modules)
+        self.keep_seeds |= user_seeded(watch.random_called, watch.torch_called)
         if failure is not None:
             return codec.Refused(request.id, failure)
         reason = self.settle()
@@ -554,7 +640,9 @@ def main(argv: Sequence[str]) -> int:
     }
     control = socket.socket(fileno=config["fd"])
     server = TemplateServer(control, signals)
-    failure = import_all(config["modules"])
+    with _SeedWatch() as watch:
+        failure = import_all(config["modules"])
+    server.keep_seeds = user_seeded(watch.random_called, watch.torch_called)
     if failure is None:
         failure = server.settle()
     if failure is not None:

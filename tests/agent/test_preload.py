@@ -124,6 +124,31 @@ async def test_a_job_seed_makes_the_streams_reproducible() -> None:
     assert draws[0][0] != draws[0][1]
 
 
+async def test_a_seed_set_by_a_preloaded_module_is_kept() -> None:
+    """A preloaded module that seeded random: every child keeps that seed (same draws)."""
+    argv = [*STANDALONE, "2", "--preload", "preload_seeds", PROBE]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv) as run:
+            assert await run.wait() == 0, run
+    first, second = (r["random"] for r in probes(run.out.text))
+    assert first == second
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not _importable("torch"), reason="torch is not installed")
+@pytest.mark.parametrize(("preload", "same"), [("torch", False), ("preload_torch_seed", True)])
+async def test_torch_streams_differ_unless_a_preloaded_module_seeded_torch(
+    preload: str, same: bool
+) -> None:
+    """Preloaded torch: each rank draws its own torch stream; a preloaded module that called
+    torch.manual_seed keeps that seed in every worker."""
+    with anyio.fail_after(BOUND * 2):
+        async with launched(*STANDALONE, "2", "--preload", preload, PROBE) as run:
+            assert await run.wait() == 0, run
+    first, second = (r["torch"] for r in probes(run.out.text))
+    assert (first == second) is same
+
+
 async def test_a_forked_worker_inherits_no_socket() -> None:
     """No listening socket or store connection of the agent or template reaches a child."""
     with anyio.fail_after(BOUND):

@@ -36,6 +36,7 @@ from aioelastic.agent._template_main import (
     script_path0,
     socket_refusal,
     thread_refusal,
+    user_seeded,
 )
 
 ids = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -204,6 +205,13 @@ def test_seeds_are_64_bit_and_differ_between_ranks(seed: int, rank: int, restart
     assert mine == derive_seed(seed, str(rank), str(restart))
     assert mine != derive_seed(seed, str(rank + 1), str(restart))
     assert mine != derive_seed(seed, str(rank), str(restart + 1))
+
+
+def test_generators_a_preloaded_module_seeded_are_kept() -> None:
+    """random and torch keep a seed a preloaded module set; the others are reseeded."""
+    assert user_seeded(False, False) == frozenset()
+    assert user_seeded(True, False) == {"random"}
+    assert user_seeded(True, True) == {"random", "torch"}
 
 
 def test_sys_path0_is_the_scripts_real_directory_or_the_cwd(tmp_path: Path) -> None:
