@@ -504,7 +504,7 @@ class TemplateServer:
                 self.send(codec.Refused(-1, f"malformed request: {exc}"))
                 continue
             if isinstance(request, codec.Fork):
-                self.send(self.fork(request, fds))
+                self.send(self.fork(request, fds))  # a child's setup failure never gets here
             else:
                 _close_all(fds)
                 if isinstance(request, codec.Reap):
@@ -645,11 +645,14 @@ def main(argv: Sequence[str]) -> int:
     server.keep_seeds = user_seeded(watch.random_called, watch.torch_called)
     if failure is None:
         failure = server.settle()
-    if failure is not None:
-        server.send(codec.Refused(0, failure, fatal=True))
-        return 1
-    server.send(codec.Ready(0, os.getpid(), len(sys.modules)))
-    server.serve()
+    try:
+        if failure is not None:
+            server.send(codec.Refused(0, failure, fatal=True))
+            return 1
+        server.send(codec.Ready(0, os.getpid(), len(sys.modules)))
+        server.serve()
+    except ConnectionError:  # the agent is gone (it gave this template up, or exited)
+        return 0
     return 0
 
 

@@ -343,16 +343,18 @@ async def test_bad_preload_flags_fail_in_one_line(argv: list[str], expected: str
 
 
 async def test_a_template_that_dies_is_restarted_and_the_job_finishes() -> None:
-    """Rank 0 kills the template: the attempt's workers die with it, an event says so, the
-    template is restarted and the restarted group finishes."""
+    """Rank 0 kills the template: its forks die with it, an event says so, the template is
+    restarted and the job finishes (after a group restart; or, when the template died before
+    answering rank 0's fork, with rank 0 started plainly in the same attempt)."""
     argv = [*STANDALONE, "2", "--max-restarts", "2", "--preload", "json"]
     with anyio.fail_after(BOUND):
         async with launched(*argv, str(WORKERS / "preload_kills_template.py")) as run:
             status = await run.wait()
     assert status == 0, run
     assert re.search(r"fork template \(pid \d+\) lost: it died .*restarting it", run.err.text), run
-    assert "done rank=0 attempt=1" in run.out.text
+    assert re.search(r"done rank=0 attempt=[01]", run.out.text), run
     assert "run succeeded" in run.err.text
+    assert "Traceback" not in run.err.text
 
 
 def probe_command() -> list[str]:
