@@ -340,7 +340,8 @@ def describe(event: AgentEvent) -> str | None:
                 if event.restarting
                 else "workers start plainly (importing their modules) from now on"
             )
-            return f"fork template (pid {event.pid}) lost: {event.reason}; {then}"
+            which = "fork template" if event.pid is None else f"fork template (pid {event.pid})"
+            return f"{which} lost: {event.reason}; {then}"
         case ev.NodeFenced():
             return f"fenced: {event.detail}; killing the workers (SIGKILL) and joining again"
         case ev.ShutdownRequested():
