@@ -193,6 +193,20 @@ async def test_a_signal_stops_forked_workers_and_their_grandchildren(
     assert status == 128 + signum, run
 
 
+async def test_the_watchdog_reaps_a_hung_forked_worker_after_capturing_its_stacks() -> None:
+    """The README demo forked: rank 2 hangs, its stacks are captured, the watchdog reaps it,
+    the restarted group (forked again) finishes."""
+    argv = [*STANDALONE, "4", "--max-restarts", "1", "--preload", "json"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, str(EXAMPLES / "agent_watchdog.py")) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert "stacks before the reap: rank 2 stuck in agent_watchdog.py" in run.err.text
+    assert "rank 2 failed: reaped by the watchdog (SIGKILL): timer 'step-1' expired" in run.err.text
+    assert run.out.text.count("step 2 done (attempt 1)") == 4
+    assert len(template_pids(run.err.text)) == 1
+
+
 async def test_the_failure_report_and_error_file_of_a_forked_worker() -> None:
     """A forked worker's exception is in the report with its traceback, which starts in the
     script (as python's would), and the restarted group is forked too."""
