@@ -117,9 +117,10 @@ class WorkerProcess:
         ``pass_fds`` stay open in the worker under the same numbers. With a ready
         ``template`` (``--preload``) the worker is forked from it instead of started.
         """
-        if guardian is not None:
-            env = guardian.spawning(env)
+        announced = False
         if template is not None and cwd is None:
+            if guardian is not None:
+                env, announced = guardian.spawning(env), True
             pid = _forked(template, argv, env, stdin, stdout, stderr, pass_fds)
             if pid is not None:
                 return cls(None, guardian, pid=pid, template=template)
@@ -131,7 +132,7 @@ class WorkerProcess:
         try:
             popen = subprocess.Popen(
                 [*die_with_agent_prefix(), program, *argv[1:]],
-                env=dict(env),
+                env=dict(env) if guardian is None or announced else guardian.spawning(env),
                 cwd=cwd,
                 stdin=stdin,
                 stdout=stdout,
