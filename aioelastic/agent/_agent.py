@@ -37,7 +37,8 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -98,6 +99,7 @@ from aioelastic.store import StoreError
 
 if TYPE_CHECKING:
     from aioelastic.agent._forensics import Forensics, Peers
+    from aioelastic.agent._template import Template
     from aioelastic.store import Store
     from aioelastic.timer import TimerEvent
 
@@ -160,6 +162,7 @@ class ElasticAgent(Service):
         self._attempts = Attempts(spec)
         self._given_guardian = guardian
         self._guardian: Guardian | None = None
+        self._template: Template | None = None
         self._timer_file: str | None = None
         self._stack_capture: Forensics | None = None
         self._temporary_stacks: Callable[[int], Path] | None = None
@@ -203,6 +206,12 @@ class ElasticAgent(Service):
         ``aioelastic.worker._warm.import_modules(names, fork_safe=True)``. The list grows in
         place; copy it to keep a snapshot."""
         return self._attempts.warm_modules
+
+    @property
+    def template(self) -> Template | None:
+        """The node's fork template while running with ``spec.preload`` (None otherwise):
+        ``await agent.template.import_modules([...])`` preloads more for the next forks."""
+        return self._template
 
     @property
     def timer_file(self) -> str | None:
@@ -271,6 +280,7 @@ class ElasticAgent(Service):
                 guardian_for(
                     self._given_guardian, grace=self.spec.shutdown_timeout
                 ) as self._guardian,
+                self._fork_template() as self._template,
                 anyio.create_task_group() as tg,
             ):
                 self._preemption = Preemption(
@@ -312,6 +322,28 @@ class ElasticAgent(Service):
         return result
 
     # -- set-up ---------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _fork_template(self) -> AsyncIterator[Template | None]:
+        """The node's fork template (``spec.preload``), started now so that its imports run
+        while the agent rendezvouses; None without preloading."""
+        if not self.spec.preload:
+            yield None
+            return
+        from aioelastic.agent._process import die_with_agent_prefix
+        from aioelastic.agent._template import Template, python_command, template_env
+
+        spec = self.spec
+        template = Template(
+            python_command(spec.argv),
+            spec.preload,
+            env=template_env(os.environ, spec.env, spec.local_world_size),
+            emit=self._emit,
+            guardian=self._guardian,
+            prefix=die_with_agent_prefix(),
+        )
+        async with template:
+            yield template
 
     async def _watch_signals(self, *, task_status: TaskStatus[None]) -> None:
         with anyio.open_signal_receiver(*self._shutdown_signals) as received:
@@ -589,6 +621,8 @@ class ElasticAgent(Service):
     async def _run_attempt(
         self, info: RoundInfo, ranks: list[WorkerRanks]
     ) -> tuple[WorkerGroup, Outcome, str]:
+        if self._template is not None:  # the launch fails here if the modules cannot preload
+            await self._template.wait_ready()
         group = self._attempts.group(
             info,
             ranks,
@@ -598,6 +632,7 @@ class ElasticAgent(Service):
             consoles=self._consoles,
             emit=self._emit,
             guardian=self._guardian,
+            template=self._template,
         )
         assert self._kill_now is not None
         self._group = group

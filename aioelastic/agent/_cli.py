@@ -87,6 +87,17 @@ def _non_negative(kind: Callable[[str], int | float]) -> Callable[[str], Any]:
     return parse
 
 
+def _module_list(text: str) -> tuple[str, ...]:
+    """Comma-separated module names (``torch,my_model``); empty for none."""
+    from aioelastic.agent._template_codec import check_module_names
+
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    try:
+        return check_module_names(names)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive_seconds(text: str) -> float:
     """A finite number of seconds > 0."""
     value = float(_non_negative(float)(text))
@@ -327,6 +338,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="60",
         type=_positive_seconds,
         help="seconds a new generation may take to form before a full restart",
+    )
+    option(
+        "--preload",
+        default="",
+        type=_module_list,
+        metavar="MODULE[,MODULE...]",
+        help="import these modules once per node in a fork template; every worker (start, "
+        "restart, replacement, spare) is a fork of it and imports nothing again",
     )
     # torchrun 2.13's newer flags
     option(

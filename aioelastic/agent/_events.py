@@ -331,6 +331,27 @@ class StragglerDetected(WarningEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class TemplateReady:
+    """The fork template (``--preload``) imported its modules: workers start as its forks."""
+
+    pid: int
+    modules: tuple[str, ...]
+    seconds: float
+    """How long it took from starting the template to its answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateLost(WarningEvent):
+    """The fork template died or can fork no more (``reason``). ``restarting``: a new one is
+    starting and workers start plainly until it is ready; otherwise every worker of the rest
+    of the run starts plainly (importing the modules itself)."""
+
+    pid: int | None
+    reason: str
+    restarting: bool
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     """The run ended; ``result`` is what :meth:`ElasticAgent.run` returns."""
 
@@ -361,6 +382,8 @@ AgentEvent = (
     | StepsMarked
     | StepTimes
     | StragglerDetected
+    | TemplateReady
+    | TemplateLost
     | RunFinished
     | LogDirectoryCreated
     | PreemptionNoticed

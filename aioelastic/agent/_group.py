@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -52,6 +52,9 @@ from aioelastic.agent._process import WorkerProcess
 from aioelastic.agent._report import HangReport, WorkerFailure, read_error_file, signal_name
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.worker._steps import MAX_BATCH, STEPS_FD_ENV, StepMarksError, decode_batch
+
+if TYPE_CHECKING:
+    from aioelastic.agent._template import Template
 
 T = TypeVar("T")
 
@@ -112,6 +115,7 @@ class WorkerGroup:
         consoles: Consoles,
         emit: Callable[[AgentEvent], None],
         guardian: Guardian | None = None,
+        template: Template | None = None,
     ) -> None:
         self.spec = spec
         self.info = info
@@ -122,6 +126,8 @@ class WorkerGroup:
         self._consoles = consoles
         self._emit = emit
         self._guardian = guardian
+        self._template = template
+        """The fork template (``--preload``) workers are forked from while it is ready."""
         self.workers: list[_Worker] = []
         self.reaps: dict[int, WorkerReaped] = {}
         self.hang: HangReport | None = None
@@ -335,6 +341,7 @@ class WorkerGroup:
                 stderr=err.child_end,
                 guardian=self._guardian,
                 pass_fds=pass_fds,
+                template=self._template,
             )
         except BaseException:
             steps.close()

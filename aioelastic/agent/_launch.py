@@ -83,6 +83,7 @@ class LaunchConfig:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Added to each worker's environment (a Python worker's exit hook)."""
     preemption_file: str | None = None
+    preload: tuple[str, ...] = ()
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -172,6 +173,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
     if args.module and args.no_python:
         raise FlagError("--module and --no-python cannot be combined")
+    if args.preload and args.no_python:
+        raise FlagError("--preload forks Python workers: it cannot be combined with --no-python")
+    if args.preload and args.numa_binding is not None:
+        raise FlagError("--preload cannot fork workers bound by numactl: drop --numa-binding")
     if args.spares and args.recovery != "in-place":
         raise FlagError("--spares needs --recovery in-place (spares wait in worker.worlds())")
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
@@ -268,6 +273,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         ),
         env=env,
         preemption_file=args.preemption_file,
+        preload=args.preload,
     )
 
 
@@ -365,6 +371,19 @@ def describe(event: AgentEvent) -> str | None:
             )
         case ev.SpareStarted():
             return f"started a spare worker: pid {event.pid}"
+        case ev.TemplateReady():
+            return (
+                f"fork template ready: pid {event.pid} preloaded {','.join(event.modules)} "
+                f"in {event.seconds:.2f} s"
+            )
+        case ev.TemplateLost():
+            then = (
+                "restarting it; workers start plainly until it is ready"
+                if event.restarting
+                else "workers start plainly (importing their modules) from now on"
+            )
+            which = "fork template" if event.pid is None else f"fork template (pid {event.pid})"
+            return f"{which} lost: {event.reason}; {then}"
         case ev.NodeFenced():
             return f"fenced: {event.detail}; killing the workers (SIGKILL) and joining again"
         case ev.ShutdownRequested():
@@ -593,6 +612,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                             "TORCHELASTIC_SIGNALS_TO_HANDLE": signal_names(config.signals),
                         },
                         preemption_file=config.preemption_file,
+                        preload=config.preload,
                     )
                     router.agent = ElasticAgent(
                         spec,

@@ -31,12 +31,15 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import anyio
 
 from aioelastic.agent._errors import WorkerSpawnError
 from aioelastic.agent._guardian import Guardian
+
+if TYPE_CHECKING:
+    from aioelastic.agent._template import Template
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +66,34 @@ def die_with_agent_prefix() -> tuple[str, ...]:
 
 
 class WorkerProcess:
-    """A started worker: its pid, its pidfd, its exit status once known."""
+    """A started worker: its pid, its pidfd, its exit status once known.
 
-    def __init__(self, popen: subprocess.Popen[bytes], guardian: Guardian | None = None) -> None:
+    Started plainly (``popen``) or forked by the agent's fork template (``pid`` and
+    ``template``, which reaps it and relays its status: see ``_template.py``).
+    """
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes] | None,
+        guardian: Guardian | None = None,
+        *,
+        pid: int | None = None,
+        template: Template | None = None,
+    ) -> None:
         self._popen = popen
-        self._pidfd: int | None = os.pidfd_open(popen.pid)
+        if popen is not None:
+            pid = popen.pid
+        assert pid is not None, "a worker is a Popen or a forked pid"
+        self._pid: int = pid
+        self._template = template
+        self._returncode: int | None = None
+        self._group_killed = False
+        """The final SIGKILL went to the group: its id may be freed from now on."""
+        self._pidfd: int | None = os.pidfd_open(self._pid)
         self._exited = anyio.Event()
         self._guardian = guardian
         if guardian is not None:
-            guardian.register(popen.pid)
+            guardian.register(self._pid)
 
     @classmethod
     def spawn(
@@ -85,14 +107,23 @@ class WorkerProcess:
         cwd: str | None = None,
         guardian: Guardian | None = None,
         pass_fds: Sequence[int] = (),
+        template: Template | None = None,
     ) -> WorkerProcess:
         """Start ``argv`` in a new session with ``env``; raise :class:`WorkerSpawnError`.
 
         ``stdin`` is ``/dev/null`` unless given (``None``: the agent's own, a terminal say).
 
         ``guardian`` (the agent's) is told about the worker's group while it may run;
-        ``pass_fds`` stay open in the worker under the same numbers.
+        ``pass_fds`` stay open in the worker under the same numbers. With a ready
+        ``template`` (``--preload``) the worker is forked from it instead of started.
         """
+        announced = False
+        if template is not None and cwd is None:
+            if guardian is not None:
+                env, announced = guardian.spawning(env), True
+            pid = _forked(template, argv, env, stdin, stdout, stderr, pass_fds)
+            if pid is not None:
+                return cls(None, guardian, pid=pid, template=template)
         program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
         if program is None:  # checked here: behind setpriv, exec errors would be exit codes
             raise WorkerSpawnError(
@@ -101,7 +132,7 @@ class WorkerProcess:
         try:
             popen = subprocess.Popen(
                 [*die_with_agent_prefix(), program, *argv[1:]],
-                env=dict(env) if guardian is None else guardian.spawning(env),
+                env=dict(env) if guardian is None or announced else guardian.spawning(env),
                 cwd=cwd,
                 stdin=stdin,
                 stdout=stdout,
@@ -115,18 +146,23 @@ class WorkerProcess:
 
     @property
     def pid(self) -> int:
-        return self._popen.pid
+        return self._pid
+
+    @property
+    def forked(self) -> bool:
+        """Whether the worker is a fork of the agent's template (``--preload``)."""
+        return self._popen is None
 
     @property
     def returncode(self) -> int | None:
         """The exit status once reaped: the exit code, or minus the signal that killed it."""
-        return self._popen.returncode
+        return self._popen.returncode if self._popen is not None else self._returncode
 
     def signal_group(self, signum: int) -> None:
         """Send ``signum`` to the worker and every process of its group, unless it is reaped."""
-        if self._popen.returncode is None:
+        if self.returncode is None and not self._group_killed:
             with suppress(ProcessLookupError):
-                os.killpg(self._popen.pid, signum)
+                os.killpg(self._pid, signum)
 
     async def watch(self) -> int:
         """Wait for the worker to exit, kill what is left of its group, reap it; return status.
@@ -140,24 +176,54 @@ class WorkerProcess:
             if not self._exited.is_set():
                 with anyio.CancelScope(shield=True):
                     await self._reap()
-        return self._popen.returncode
+        return self._final_status()
+
+    def _final_status(self) -> int:
+        code = self.returncode
+        assert code is not None, "reaped"
+        return code
 
     async def _reap(self) -> None:
         pidfd, self._pidfd = self._pidfd, None
         assert pidfd is not None
         with suppress(ProcessLookupError):  # leader is a zombie at most: pgid still pinned
-            os.killpg(self._popen.pid, signal.SIGKILL)
+            os.killpg(self._pid, signal.SIGKILL)
+        self._group_killed = True
         if self._guardian is not None:  # the whole group is dying: never signal that id again
-            self._guardian.unregister(self._popen.pid)
+            self._guardian.unregister(self._pid)
         await anyio.wait_readable(pidfd)
         os.close(pidfd)
-        self._popen.wait()
+        if self._popen is not None:
+            self._popen.wait()
+        else:
+            assert self._template is not None
+            self._returncode = await self._template.reap(self._pid)
         self._exited.set()
 
     async def wait(self) -> int:
         """Return the exit status once :meth:`watch` has reaped the worker."""
         await self._exited.wait()
-        return self._popen.returncode
+        return self._final_status()
 
     def __repr__(self) -> str:
         return f"WorkerProcess(pid={self.pid}, returncode={self.returncode})"
+
+
+def _forked(
+    template: Template,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    stdin: Redirect,
+    stdout: Redirect,
+    stderr: Redirect,
+    pass_fds: Sequence[int],
+) -> int | None:
+    """Fork ``argv`` from ``template``; None when it must be started plainly."""
+    from aioelastic.agent._template import python_command
+
+    try:
+        command = python_command(argv)
+    except ValueError as exc:
+        logger.info("worker %s is started plainly: %s", list(argv), exc)
+        return None
+    return template.fork(command, env, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds)

@@ -167,6 +167,9 @@ class WorkerSpec:
     preemption_file: str | None = None
     """A path a scheduler writes as its preemption notice: its appearing preempts the job as a
     shutdown signal does (``--preemption-file``)."""
+    preload: tuple[str, ...] = ()
+    """Modules a fork template imports once per node; workers are then its forks (``--preload``,
+    see ``_template.py``). Needs a Python entrypoint."""
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERY_MODES:
@@ -193,6 +196,24 @@ class WorkerSpec:
                 raise WorkerSpecError(name, value, "must be a non-negative number of seconds")
         if not self.role:
             raise WorkerSpecError("role", self.role, "must be a non-empty name")
+        if self.preload:
+            self._check_preload()
+
+    def _check_preload(self) -> None:
+        from aioelastic.agent._template import python_command
+        from aioelastic.agent._template_codec import check_module_names
+
+        try:
+            check_module_names(self.preload)
+            python_command(self.argv)
+        except ValueError as exc:
+            raise WorkerSpecError("preload", ",".join(self.preload), str(exc)) from None
+        if self.numa_binding is not None:
+            raise WorkerSpecError(
+                "preload",
+                ",".join(self.preload),
+                "workers bound with numactl (numa_binding) cannot be forked: drop one of them",
+            )
 
     @property
     def argv(self) -> list[str]:

@@ -58,7 +58,7 @@ def subclasses(base: type) -> set[str]:
 
 def test_the_parts_mark_the_same_events_as_warnings_as_before() -> None:
     """The events logged at WARNING are those the kind-name list used to hold, plus the ones
-    added since (a worker restarted to leave its world)."""
+    added since (a worker restarted to leave its world, a fork template lost)."""
     assert subclasses(WarningEvent) == {
         "WorkerFailed",
         "WorkerReaped",
@@ -72,6 +72,7 @@ def test_the_parts_mark_the_same_events_as_warnings_as_before() -> None:
         "EtcdFailover",
         "EtcdLeaseLost",
         "WorkerRestartedToLeave",
+        "TemplateLost",
     }
 
 

@@ -1,0 +1,661 @@
+"""The fork template program (``aioelastic run --preload``): import once, then only fork.
+
+Run by :class:`~aioelastic.agent._template.Template` as ``python [the workers' interpreter
+options] _template_main.py CONFIG`` (exec'd, never forked from the threaded agent), with the
+agent's control socket (``SOCK_SEQPACKET``, see ``_template_codec.py``) as descriptor
+``CONFIG["fd"]``. It sets ``sys.path[0]`` to what the workers' would be, imports the modules
+to preload, checks that a fork is safe, answers :class:`Ready`, then serves requests one at a
+time: fork a worker, reap one, import more modules.
+
+What keeps a fork safe (each checked before every fork; a failed check refuses, naming the
+cause): the template runs no tensor op and never initialises CUDA (``torch.cuda`` must not be
+initialised: a forked child cannot use it); it holds no socket but its control socket; it is
+single-threaded (OpenBLAS's idle worker threads, started by importing numpy or torch, are
+stopped first, as OpenBLAS's own fork handler would). ``gc.freeze()`` before each fork keeps
+the imported objects' pages shared. A check that fails after the modules were imported is
+fatal: the template answers :class:`Refused` with ``fatal`` set and exits.
+
+The child (:func:`_become_worker`) leads its own session, dies with the template
+(``PR_SET_PDEATHSIG``, the template itself dies with the agent), gets its stdin, stdout,
+stderr and passed descriptors where the request says, its directory, its environment, the
+signal dispositions the template started with, reseeds ``random``, NumPy and torch from (seed,
+rank, restart count), reopens logging's files, then runs the entrypoint as ``python script``
+(or ``-m module``) would, through :mod:`runpy`. It ends as such a process ends: non-daemon
+threads joined, atexit handlers run once (the ones preloaded modules registered in the
+template included: a plain worker would have registered them too), the streams flushed, then
+``os._exit`` with the exit status (an uncaught ``KeyboardInterrupt`` ends it by SIGINT). The
+template tells the agent the pid only once the child has set all that up, so the worker's
+process group exists when the agent first signals it.
+
+This module imports only the standard library (the codec by its path), so the template's
+children carry nothing of the agent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import fcntl
+import gc
+import hashlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import io
+import json
+import logging
+import os
+import random
+import runpy
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aioelastic.agent import _template_codec as codec
+else:
+
+    def _load_codec() -> ModuleType:
+        name = "_aioelastic_template_codec"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("_template_codec.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    codec = _load_codec()
+
+PR_SET_PDEATHSIG = 1
+SEED_VARIABLE = "AIOELASTIC_SEED"
+"""A worker environment variable fixing the seed the children's streams derive from."""
+
+
+# -- the checks (pure: they are given what they judge) ----------------------------------------
+
+
+def thread_refusal(
+    status: str, python_threads: Sequence[str], os_threads: Sequence[str]
+) -> str | None:
+    """Why a process whose ``/proc/self/status`` is ``status`` must not fork (None: it may).
+
+    ``python_threads`` names the threads :func:`threading.enumerate` knows besides the main
+    one; ``os_threads`` the OS tasks' names (``comm``) besides the main one.
+    """
+    count = next(
+        (int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")), 1
+    )
+    if count <= 1:
+        return None
+    named = ", ".join(repr(n) for n in python_threads) or "none (native threads only)"
+    tasks = ", ".join(repr(n) for n in os_threads)
+    return (
+        f"the template has {count} threads and cannot fork safely: Python threads {named}; "
+        f"OS threads {tasks}. A preloaded module started them on import: preload only modules "
+        "that start no thread, or start the threads in the worker (after the fork)"
+    )
+
+
+def cuda_refusal(modules: Mapping[str, Any]) -> str | None:
+    """Why forking is unsafe because torch initialised CUDA in this process (None: it did not)."""
+    torch = modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    is_initialized = getattr(cuda, "is_initialized", None)
+    if is_initialized is None or not is_initialized():
+        return None
+    return (
+        "CUDA is initialised in the template (a preloaded module created a CUDA context on "
+        "import): a forked worker cannot use CUDA. Preload only modules that do not touch "
+        "CUDA on import; workers initialise CUDA themselves after the fork"
+    )
+
+
+def socket_refusal(links: Mapping[int, str], own: Collection[int]) -> str | None:
+    """Why forking would hand workers a socket (``links``: descriptor to its
+    ``/proc/self/fd`` link; ``own``: the template's control socket). None: no such socket."""
+    held = sorted(fd for fd, link in links.items() if link.startswith("socket:") and fd not in own)
+    if not held:
+        return None
+    return (
+        f"the template holds socket descriptor(s) {held}: a preloaded module opened a "
+        "connection or a listening socket on import, which every worker would inherit. "
+        "Preload only modules that open no socket on import"
+    )
+
+
+def fd_collision(
+    targets: Sequence[int], links: Mapping[int, str], own: Collection[int]
+) -> str | None:
+    """Why a worker's descriptors cannot go where asked: a target is held by the template for
+    something of its own (a preloaded module's file). None: every target is free or ours."""
+    taken = [fd for fd in targets if fd > 2 and fd in links and fd not in own]
+    if not taken:
+        return None
+    held = [links[fd] for fd in taken]
+    return f"descriptor(s) {taken} of the worker are in use in the template ({held})"
+
+
+def derive_seed(seed: int, rank: str, restart_count: str) -> int:
+    """A 64-bit seed for the worker of ``rank`` at ``restart_count`` of a job seeded ``seed``."""
+    material = f"{seed}/{rank}/{restart_count}".encode()
+    return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "big")
+
+
+def script_path0(kind: str, target: str, cwd: str) -> str:
+    """``sys.path[0]`` of ``python target`` (the script's real directory) or ``-m`` (``cwd``)."""
+    if kind == "module":
+        return cwd
+    return os.path.dirname(os.path.realpath(os.path.join(cwd, target)))
+
+
+# -- the process's own state ------------------------------------------------------------------
+
+
+def open_descriptors() -> dict[int, str]:
+    """This process's descriptors and what each is (``/proc/self/fd`` links)."""
+    links = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            links[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own descriptor, closed meanwhile
+            continue
+    return links
+
+
+def os_thread_names() -> list[str]:
+    """The ``comm`` of each OS thread of this process other than the main one."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != os.getpid():
+            try:
+                names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+            except OSError:
+                continue
+    return names
+
+
+def idle_pool_stoppers() -> list[Any]:
+    """OpenBLAS's ``blas_thread_shutdown_`` of each OpenBLAS this process loaded: it stops
+    the library's idle worker threads (what its own fork handler does); they start again on
+    the next BLAS call, in each child."""
+    stoppers, seen = [], set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1] if "/" in line else ""
+            if "openblas" in os.path.basename(path).lower() and path not in seen:
+                seen.add(path)
+                shutdown = getattr(ctypes.CDLL(path), "blas_thread_shutdown_", None)
+                if shutdown is not None:
+                    stoppers.append(shutdown)
+    return stoppers
+
+
+def fork_refusal(own: Collection[int], stoppers: Sequence[Any] = ()) -> str | None:
+    """Why this process may not fork now (None: it may); the threads are checked last, once
+    ``stoppers`` (see :func:`idle_pool_stoppers`) stopped the idle pools."""
+    reason = cuda_refusal(sys.modules) or socket_refusal(open_descriptors(), own)
+    if reason is not None:
+        return reason
+    for stop in stoppers:
+        stop()
+    python_threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    return thread_refusal(Path("/proc/self/status").read_text(), python_threads, os_thread_names())
+
+
+# -- the child ---------------------------------------------------------------------------------
+
+
+def _set_pdeathsig() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def _place_descriptors(
+    received: Sequence[int], targets: Sequence[int], keep_away: Sequence[int]
+) -> None:
+    """Put ``received[i]`` at ``targets[i]``; close every other descriptor of ours."""
+    floor = max([*targets, *received, *keep_away, 2]) + 1
+    moved = [_dup_above(fd, floor) for fd in received]
+    for fd in {*received, *keep_away}:
+        os.close(fd)
+    for source, target in zip(moved, targets, strict=True):
+        os.dup2(source, target, inheritable=True)
+    for source in moved:
+        os.close(source)
+
+
+def _dup_above(fd: int, floor: int) -> int:
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+
+
+def user_seeded(random_seeded: bool, torch_seeded: bool) -> frozenset[str]:
+    """The generators a preloaded module seeded: those keep their seed in every child.
+    NumPy's global seeding cannot be told apart from its import-time entropy: it is always
+    reseeded."""
+    return frozenset(
+        name for name, seeded in (("random", random_seeded), ("torch", torch_seeded)) if seeded
+    )
+
+
+class _SeedWatch(importlib.abc.MetaPathFinder):
+    """Notes whether ``random.seed`` or ``torch.manual_seed`` is called while the modules are
+    imported (for torch: through a finder that wraps ``manual_seed`` once torch is loaded)."""
+
+    def __init__(self) -> None:
+        self.random_called = False
+        self.torch_called = False
+        self._random_seed = random.seed
+        self._torch: tuple[ModuleType, Any] | None = None
+
+    def __enter__(self) -> _SeedWatch:
+        original = self._random_seed
+
+        def seed(*args: Any, **kwargs: Any) -> None:
+            self.random_called = True
+            original(*args, **kwargs)
+
+        random.seed = seed
+        if "torch" not in sys.modules:
+            sys.meta_path.insert(0, self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        random.seed = self._random_seed
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        if self._torch is not None:
+            module, original = self._torch
+            setattr(module, "manual_seed", original)  # noqa: B010
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = None if spec is None else spec.loader
+        if loader is None:
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_and_watch(module: ModuleType) -> None:
+            exec_module(module)
+            original = getattr(module, "manual_seed")  # noqa: B009
+
+            def manual_seed(seed: int) -> Any:
+                self.torch_called = True
+                return original(seed)
+
+            setattr(module, "manual_seed", manual_seed)  # noqa: B010
+            self._torch = (module, original)
+
+        loader.exec_module = exec_and_watch  # type: ignore[method-assign]
+        return spec
+
+
+def _reseed(
+    seed: int, env: Mapping[str, str], keep: Collection[str], random_state: Any = None
+) -> None:
+    rank = env.get("RANK", "")
+    if not rank or rank.startswith("-"):  # a spare holds no rank yet: its own stream
+        rank = f"pid{os.getpid()}"
+    job_seed = int(env[SEED_VARIABLE]) if env.get(SEED_VARIABLE, "").isdigit() else seed
+    value = derive_seed(job_seed, rank, env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if "random" not in keep:
+        random.seed(value)
+    elif random_state is not None:  # CPython reseeds random in every child: undo that
+        random.setstate(random_state)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "random"):
+        numpy.random.seed(value % 2**32)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "manual_seed") and "torch" not in keep:
+        torch.manual_seed(value)
+
+
+def _reopen_logging() -> None:
+    """Give each logging file handler its own open file (not the template's descriptor)."""
+    for ref in list(getattr(logging, "_handlerList", [])):
+        handler = ref()
+        if isinstance(handler, logging.FileHandler) and handler.stream is not None:
+            handler.stream = handler._open()  # the template's stream stays the template's
+
+
+def _reconfigure_stdio() -> None:
+    """The console rules of a fresh interpreter for the new descriptors 0, 1, 2."""
+    stdout = sys.stdout
+    if isinstance(stdout, io.TextIOWrapper) and not stdout.write_through:
+        stdout.reconfigure(line_buffering=os.isatty(1))
+
+
+def _become_worker(
+    request: codec.Fork,
+    received: Sequence[int],
+    control: int,
+    report: int,
+    signals: Mapping[int, Any],
+    template: int,
+    keep_seeds: Collection[str] = frozenset(),
+    random_state: Any = None,
+) -> None:
+    """Set the child up as the request says and run it. What the agent relies on (its own
+    session, dying with ``template``, its descriptors, directory, environment, signals) is
+    done before ``report`` closes, so the template answers once it holds; a failure there is
+    written to ``report`` (exit 127). The rest runs after, as the interpreter's start would."""
+    try:
+        os.setsid()
+        _set_pdeathsig()
+        if os.getppid() != template:  # it died before the prctl: nobody would supervise us
+            os._exit(1)
+        high = _dup_above(report, max([*request.fds, *received, control, 2]) + 1)
+        os.close(report)
+        report = high
+        _place_descriptors(received, request.fds, (control,))
+        os.chdir(request.cwd)
+        os.environ.clear()
+        os.environ.update(request.env)
+        for signum, handler in signals.items():
+            if signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+    except BaseException as exc:
+        os.write(report, f"{type(exc).__name__}: {exc}".encode()[:4000])
+        os._exit(127)
+    os.close(report)
+    try:
+        interpreter = sys.orig_argv[: max(len(sys.orig_argv) - 2, 1)]  # less program, config
+        entry = ["-m", request.target] if request.kind == "module" else [request.target]
+        sys.orig_argv = [*interpreter, *entry, *request.args]
+        sys.argv = [request.target, *request.args]
+        sys.path[0] = script_path0(request.kind, request.target, request.cwd)
+        _reseed(request.seed, request.env, keep_seeds, random_state)
+        _reopen_logging()
+        _reconfigure_stdio()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(run_entrypoint(request.kind, request.target))
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status ``python`` exits with for an uncaught ``SystemExit`` (printing a message)."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with contextlib.suppress(Exception):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def run_entrypoint(kind: str, target: str) -> int:
+    """Run ``target`` as ``__main__`` and end as the interpreter would; return the status."""
+    code, interrupted = 0, False
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except KeyboardInterrupt as exc:
+        exc.__traceback__ = _user_frames(exc.__traceback__)
+        traceback.print_exception(exc)
+        code, interrupted = 130, True
+    except BaseException as exc:
+        exc.__traceback__ = _user_frames(exc.__traceback__)  # the hook prints the exception's
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        code = 1
+    code = _finalize(code)
+    if interrupted:  # as CPython does: die of SIGINT so the parent sees it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its first frames in this module and :mod:`runpy` (``python script``'s
+    traceback starts in the script)."""
+    ours = os.path.abspath(__file__)
+    while tb is not None and (
+        tb.tb_frame.f_globals.get("__name__") == "runpy"
+        or os.path.abspath(tb.tb_frame.f_code.co_filename) == ours
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _finalize(code: int) -> int:
+    """What interpreter shutdown does before the process ends: join non-daemon threads,
+    run the atexit handlers once, flush the standard streams."""
+    shutdown = getattr(threading, "_shutdown", None)
+    try:
+        if shutdown is not None:
+            shutdown()
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+    atexit._run_exitfuncs()  # prints, never raises, what a handler raised
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            code = code or 120  # as CPython when flushing stdout fails at exit
+    return code
+
+
+# -- the template's loop ---------------------------------------------------------------------
+
+
+class TemplateServer:
+    """Serve the agent's requests on ``control`` until it closes the socket."""
+
+    def __init__(self, control: socket.socket, signals: Mapping[int, Any]) -> None:
+        self.control = control
+        self.signals = signals
+        self.stoppers: list[Any] = []
+        self.keep_seeds: frozenset[str] = frozenset()
+        """The generators a preloaded module seeded (children keep their seed)."""
+
+    def settle(self) -> str | None:
+        """After imports: collect, freeze what is left (its pages stay shared), find the idle
+        pools to stop at each fork; why forking is unsafe now, or None."""
+        gc.collect()
+        gc.freeze()
+        self.stoppers = idle_pool_stoppers()
+        return self.check()
+
+    def send(self, message: codec.Message) -> None:
+        self.control.send(codec.encode(message))
+
+    def check(self, received: Sequence[int] = ()) -> str | None:
+        """Why forking is unsafe now (None: it is safe); ``received``: a request's own
+        descriptors (sockets the agent passes to the worker are the worker's)."""
+        gc.freeze()  # what the agent's requests created since: cheap, keeps it shared too
+        return fork_refusal((self.control.fileno(), *received), self.stoppers)
+
+    def serve(self) -> None:
+        while True:
+            try:
+                data, fds = _receive(self.control)
+            except ConnectionError:
+                return
+            if not data and not fds:
+                return
+            try:
+                request = codec.decode(data)
+            except codec.TemplateCodecError as exc:
+                _close_all(fds)
+                self.send(codec.Refused(-1, f"malformed request: {exc}"))
+                continue
+            if isinstance(request, codec.Fork):
+                self.send(self.fork(request, fds))  # a child's setup failure never gets here
+            else:
+                _close_all(fds)
+                if isinstance(request, codec.Reap):
+                    self.send(self.reap(request))
+                elif isinstance(request, codec.Import):
+                    reply = self.import_modules(request)
+                    self.send(reply)
+                    if isinstance(reply, codec.Refused) and reply.fatal:
+                        return
+                else:
+                    self.send(codec.Refused(-1, f"not a request: {type(request).__name__}"))
+
+    def fork(self, request: codec.Fork, received: list[int]) -> codec.Reply:
+        try:
+            if len(received) != len(request.fds):
+                return codec.Refused(
+                    request.id, f"{len(received)} descriptors came for {len(request.fds)} targets"
+                )
+            own = {self.control.fileno(), *received}
+            reason = fd_collision(request.fds, open_descriptors(), own)
+            if reason is not None:
+                return codec.Refused(request.id, reason)
+            reason = self.check(received)
+            if reason is not None:
+                return codec.Refused(request.id, reason)
+            reader, writer = os.pipe()
+            template = os.getpid()
+            random_state = random.getstate()
+            try:
+                pid = os.fork()
+            except OSError:
+                _close_all((reader, writer))
+                raise
+            if pid == 0:
+                os.close(reader)
+                _become_worker(
+                    request,
+                    received,
+                    self.control.fileno(),
+                    writer,
+                    self.signals,
+                    template,
+                    self.keep_seeds,
+                    random_state,
+                )
+            os.close(writer)
+            failure = _read_all(reader)
+            if failure:
+                os.waitpid(pid, 0)
+                return codec.Refused(
+                    request.id,
+                    f"the worker could not be set up: {failure.decode(errors='replace')}",
+                )
+            return codec.Forked(request.id, pid)
+        except OSError as exc:
+            return codec.Refused(request.id, f"fork failed: {exc}")
+        finally:
+            _close_all(received)
+
+    def reap(self, request: codec.Reap) -> codec.Reply:
+        try:
+            _, status = os.waitpid(request.pid, 0)
+        except ChildProcessError:
+            return codec.Refused(request.id, f"pid {request.pid} is not a child of the template")
+        return codec.Reaped(request.id, request.pid, os.waitstatus_to_exitcode(status))
+
+    def import_modules(self, request: codec.Import) -> codec.Reply:
+        with _SeedWatch() as watch:
+            failure = import_all(request.modules)
+        self.keep_seeds |= user_seeded(watch.random_called, watch.torch_called)
+        if failure is not None:
+            return codec.Refused(request.id, failure)
+        reason = self.settle()
+        if reason is not None:
+            return codec.Refused(request.id, reason, fatal=True)
+        return codec.Imported(request.id)
+
+
+def import_all(modules: Sequence[str]) -> str | None:
+    """Import ``modules``; what went wrong (with the traceback's last line) or None."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # SystemExit from a module counts too
+            lines = traceback.format_exception_only(type(exc), exc)
+            return (
+                f"preloading {name!r} failed: {''.join(lines).strip()}; fix the module or "
+                f"drop it from --preload (python -c 'import {name}' shows the same error)"
+            )
+    return None
+
+
+def _receive(control: socket.socket) -> tuple[bytes, list[int]]:
+    fds: list[int] = []
+    data, ancillary, flags, _ = control.recvmsg(
+        codec.MAX_MESSAGE, socket.CMSG_SPACE(codec.MAX_FDS * 4)
+    )
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % 4
+            fds.extend(memoryview(payload)[:usable].cast("i"))
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        _close_all(fds)
+        return b"{}", []  # decodes to an error answered as a malformed request
+    return data, fds
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            continue
+
+
+def main(argv: Sequence[str]) -> int:
+    """Import the modules of ``argv[1]`` (JSON: fd, path0, modules), answer, then serve."""
+    config = json.loads(argv[1])
+    sys.path[0] = config["path0"]
+    signals: dict[int, Any] = {
+        signum: handler
+        for signum in signal.valid_signals()
+        if signum not in (signal.SIGKILL, signal.SIGSTOP)
+        and (handler := signal.getsignal(signum)) is not None
+    }
+    control = socket.socket(fileno=config["fd"])
+    server = TemplateServer(control, signals)
+    with _SeedWatch() as watch:
+        failure = import_all(config["modules"])
+    server.keep_seeds = user_seeded(watch.random_called, watch.torch_called)
+    if failure is None:
+        failure = server.settle()
+    try:
+        if failure is not None:
+            server.send(codec.Refused(0, failure, fatal=True))
+            return 1
+        server.send(codec.Ready(0, os.getpid(), len(sys.modules)))
+        server.serve()
+    except ConnectionError:  # the agent is gone (it gave this template up, or exited)
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    os._exit(main(sys.argv))  # not the preloaded modules' atexit handlers: they are the workers'
