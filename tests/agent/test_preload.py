@@ -150,13 +150,15 @@ async def test_torch_streams_differ_unless_a_preloaded_module_seeded_torch(
 
 
 async def test_a_forked_worker_inherits_no_socket() -> None:
-    """No listening socket or store connection of the agent or template reaches a child."""
+    """No listening socket or store connection of the agent or template reaches a child: its
+    one socket is the step-marks channel the agent gave it (``AIOELASTIC_STEPS_FD``)."""
     with anyio.fail_after(BOUND):
         async with launched(*STANDALONE, "2", "--preload", "preload_marker", PROBE) as run:
             assert await run.wait() == 0, run
     for report in probes(run.out.text):
         sockets = {fd: link for fd, link in report["fds"].items() if link.startswith("socket:")}
-        assert sockets == {}, report["fds"]
+        assert report["steps_fd"] is not None
+        assert set(sockets) == {report["steps_fd"]}, report["fds"]
 
 
 async def test_no_fork_deprecation_warning() -> None:

@@ -35,6 +35,7 @@ def main() -> None:
         "main": __name__,
         "file": __file__,
         "fds": links,
+        "steps_fd": os.environ.get("AIOELASTIC_STEPS_FD"),
         "preloaded": PRELOADED,
         "random": random.random(),
         "numpy": None if numpy is None else float(numpy.random.random()),
