@@ -34,6 +34,7 @@ from aioelastic._concurrency import Cancel, Event, LightTasks, first_of, new_eve
 from aioelastic._subscribers import Subscribers
 from aioelastic.rendezvous import _layout as layout
 from aioelastic.rendezvous import _machine as m
+from aioelastic.rendezvous._ending import Hosting, wait_settled
 from aioelastic.rendezvous._errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -61,6 +62,7 @@ from aioelastic.store import (
     Snapshot,
     Store,
     StoreError,
+    StoreServerGone,
     StoreTimeoutError,
 )
 
@@ -102,6 +104,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
     in ``__aenter__`` and leaves on exit. Keys live under ``rdzv/<run_id>/``. ``backend`` is
     the name :meth:`get_backend` reports (``c10d``, ``etcd-v3``, ``memory``, ...). Events
     (:data:`RendezvousEvent`) go to ``on_event`` and to callbacks given to :meth:`subscribe`.
+    ``hosting`` says whether this node serves the store, which it then leaves last
+    (:mod:`._ending`).
     """
 
     def __init__(
@@ -113,8 +117,10 @@ class ElasticRendezvousHandler(RendezvousHandler):
         local_addr: str | None = None,
         clock: Clock | None = None,
         on_event: EventCallback | None = None,
+        hosting: Hosting | None = None,
     ) -> None:
         self._source = store
+        self._hosting = hosting
         self._subscribers: Subscribers[RendezvousEvent] = Subscribers(
             logger, "rendezvous event", on_event
         )
@@ -148,6 +154,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._renewal_failures = RenewalFailures()
         self._poke = new_event()  # the lease moved: set and replaced by each renewal
         self._contact = -math.inf  # when a store call last succeeded, on the clock
+        self._gone: str | None = None  # the store's server is gone: why
+        self._saw_close = False  # this node read that the run closed
+        self._join_scope: anyio.CancelScope | None = None  # the join in flight
 
     def __repr__(self) -> str:
         return (
@@ -187,7 +196,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             if not isinstance(base, Store):
                 base = await stack.enter_async_context(base())
             self._store = view = PrefixStore(f"rdzv/{self.settings.run_id}", base)
-            stack.callback(self._follow_lease_reports(base, view.prefix))
+            stack.callback(self._follow_store_reports(base, view.prefix))
             if self._addr is None:
                 self._addr = await anyio.to_thread.run_sync(local_hostname)
             self._node = await self._guarded(self._store.add(layout.NODE_IDS_KEY, 1))
@@ -265,9 +274,14 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._leave_round("this node left it to join the next round")
             while True:
                 try:
-                    command = await self._join()
-                    break
+                    with anyio.CancelScope() as self._join_scope:  # cancelled: store gone
+                        command = await self._join()
+                    if self._gone is None:
+                        break
+                    raise RendezvousConnectionError(self._host_left())
                 except RendezvousConnectionError as error:
+                    if self._gone is not None:
+                        raise RendezvousConnectionError(self._host_left()) from error
                     if self._clock.now() - self._contact >= self.settings.read_timeout:
                         raise
                     logger.warning(
@@ -279,8 +293,11 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     await self._clock.sleep_until(self._clock.now() + pause)
         finally:
             self._joining = False
+            self._join_scope = None
         if isinstance(command, m.Fail):
             if command.reason is m.FailReason.CLOSED:
+                if command.round > 0:  # its join record is in the closed round
+                    await self._say_seen(command.round)
                 raise RendezvousClosedError(self.settings.run_id)
             raise RendezvousTimeoutError(
                 self.settings.run_id,
@@ -340,26 +357,94 @@ class ElasticRendezvousHandler(RendezvousHandler):
         return self._invalidated
 
     async def shutdown(self) -> bool:
-        """Leave the rendezvous (a completed round learns this node left); others go on."""
+        """Leave the rendezvous (a completed round learns this node left); others go on.
+
+        A node that hosts the store leaves last: it waits, at most ``host_leave_timeout``,
+        until every participant read the end (see :mod:`._ending`). After the run closed, or
+        once the store is gone, there is nothing to tidy: no store call is made.
+        """
         if self._shut or self._store is None:
             return True
         self._shut = True
+        self._stop_keeping_alive()
+        store = self._store
+        last, still_valid = self._last, self._invalidated is None
+        self._leave_round("this handler shut down")
+        clean = True
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.close_timeout):
+                if self._gone is None and last is not None and still_valid:
+                    await self._report_lost(last.round + 1, self._node, "left")
+                if self._gone is None and not self._saw_close:
+                    await store.delete_key(layout.alive_key(self._node))
+        except (StoreError, TimeoutError) as error:
+            if self._gone is None:
+                logger.warning(
+                    "rendezvous %r: leaving cleanly failed: %s", self.settings.run_id, error
+                )
+                clean = False
+        if self._hosting is not None and self._hosting.here and self._gone is None:
+            await self._leave_last(store, self._hosting.timeout)
+        return clean
+
+    async def _leave_last(self, store: Store, timeout: float) -> None:
+        """As the store's host: wait until the participants read the end (bounded)."""
+        try:
+            known = self._last.round if self._last is not None else 0
+            pending = await wait_settled(store, self._node, known, timeout, self._clock)
+        except StoreError as error:
+            logger.warning(
+                "rendezvous %r: waiting to leave last failed: %s", self.settings.run_id, error
+            )
+            return
+        if pending:
+            logger.warning(
+                "rendezvous %r: the store's host leaves with node(s) %s still to read the end "
+                "after %g s (host_leave_timeout); they will find the store gone",
+                self.settings.run_id,
+                ", ".join(map(str, sorted(pending))),
+                timeout,
+            )
+
+    def _stop_keeping_alive(self) -> None:
         if self._stop_keep_alive is not None:
             self._stop_keep_alive()
         for renewal in self._renewals:
             renewal.cancel()
-        store = self._store
-        last, still_valid = self._last, self._invalidated is None
-        self._leave_round("this handler shut down")
-        try:
-            with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.close_timeout):
-                if last is not None and still_valid:
-                    await self._report_lost(last.round + 1, self._node, "left")
-                await store.delete_key(layout.alive_key(self._node))
-        except (StoreError, TimeoutError) as error:
-            logger.warning("rendezvous %r: leaving cleanly failed: %s", self.settings.run_id, error)
-            return False
-        return True
+
+    async def _say_seen(self, round_: int) -> None:
+        """Tell the store's host this node read the close of round ``round_`` (best effort),
+        before its caller learns it and may leave; keep-alives stop: the run is over."""
+        self._saw_close = True
+        self._stop_keeping_alive()
+        if self._store is None or self._gone is not None:
+            return
+        with (
+            contextlib.suppress(StoreError, TimeoutError),
+            anyio.fail_after(self.settings.attempt_timeout),
+        ):
+            await self._store.set(layout.seen_key(round_, self._node), b"1")
+
+    def _host_left(self) -> str:
+        return (
+            f"rendezvous of run {self.settings.run_id!r}: the store's host was lost (it left or "
+            f"died): {self._gone}"
+        )
+
+    def _store_gone(self, detail: str) -> None:
+        """The store's server is gone: end the round (or the join) as ``STORE_LOST`` now."""
+        if self._gone is not None or self._shut:
+            return
+        self._gone = detail
+        self._stop_keeping_alive()
+        for stop in (self._stop_inbox, self._stop_successor):
+            if stop is not None:
+                stop()
+        if self._join_scope is not None:
+            self._join_scope.cancel()
+        if self._last is not None and not self._joining:
+            reason = InvalidationReason.STORE_LOST
+            self._invalidate(RoundInvalidated(reason, self._host_left()))
 
     # -- joining ------------------------------------------------------------------------------
 
@@ -484,7 +569,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
 
     async def _abandon(self, machine: m.JoinMachine) -> None:
         """Best effort after a failed or cancelled join: withdraw the join record."""
-        if not machine.may_hold_join_record:
+        if not machine.may_hold_join_record or self._gone is not None:
             return
         assert self._store is not None
         with (
@@ -600,7 +685,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
     async def _renew_logged(self) -> None:
         """Renew once; a failure is logged when a run of them starts (see
         :class:`RenewalFailures`), the run is summarised when it ends or fences the node."""
-        if self._shut:  # started after shutdown stopped the keep-alives
+        if self._shut or self._saw_close or self._gone is not None:  # nothing to keep alive
             return
         sent = self._clock.now()
         scope = anyio.CancelScope()  # shutdown cancels the renewals in flight
@@ -615,11 +700,12 @@ class ElasticRendezvousHandler(RendezvousHandler):
         finally:
             self._renewals.discard(scope)
 
-    def _follow_lease_reports(self, store: Store, prefix: str) -> Callable[[], None]:
+    def _follow_store_reports(self, store: Store, prefix: str) -> Callable[[], None]:
         """Fence as soon as ``store`` reports this node's liveness lease lost (an etcd store
         finds it at the next renewal: revoked, or expired before this node's clock says so),
-        as if the lease had lapsed; ``prefix`` is this handler's in ``store``. Returns the
-        unsubscribe function."""
+        as if the lease had lapsed; ``prefix`` is this handler's in ``store``. End the round
+        as ``STORE_LOST`` as soon as it reports its server gone (a TCP store whose every
+        reconnection was refused). Returns the unsubscribe function."""
         subscribe = getattr(store, "subscribe", None)
         if subscribe is None:
             return lambda: None
@@ -628,6 +714,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
             alive = f"{prefix}/{layout.alive_key(self._node)}"
             if isinstance(event, EtcdLeaseLost) and event.key == alive:
                 self._fence(self._clock.now(), f"the store lost its liveness lease: {event.detail}")
+            elif isinstance(event, StoreServerGone):
+                self._store_gone(event.detail)
 
         unsubscribe: Callable[[], None] = subscribe(on_event)
         return unsubscribe
@@ -674,7 +762,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         lease lapses :meth:`_keep_alive` fences the round, which stops the workers before
         anyone may take their ranks (False: stop).
         """
-        if self._lease.lapsed(self._clock.now()):
+        if self._lease.lapsed(self._clock.now()) or self._gone is not None:
             return False
         logger.warning(
             "rendezvous %r: watching round %d failed (%s); watching again while the lease holds",
@@ -703,9 +791,11 @@ class ElasticRendezvousHandler(RendezvousHandler):
             except StoreError as error:
                 if not await self._watch_again(result, error):
                     return
-        self._invalidate(verdict)
         if self._stop_successor is not None:  # the inbox decides: the round is over
             self._stop_successor()
+        if verdict.reason is InvalidationReason.CLOSED:
+            await self._say_seen(result.round + 1)  # before anyone may act on it and leave
+        self._invalidate(verdict)
 
     async def _watch_successor(self, result: layout.RoundResult) -> None:
         """Report the ring successor lost once its liveness key is gone, or once this node has

@@ -43,6 +43,8 @@ class InvalidationReason(enum.Enum):
     """The rendezvous was closed: the job is over."""
     FENCED = "fenced"
     """This node could not renew its liveness in time: others may have taken its ranks."""
+    STORE_LOST = "store_lost"
+    """The rendezvous store's server is gone (its host left or died): the job cannot go on."""
 
 
 @dataclass(frozen=True, slots=True)

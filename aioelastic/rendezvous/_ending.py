@@ -1,0 +1,115 @@
+"""A clean ending: every participant reads the end of the run before the store's host leaves.
+
+Theory of operation. On ``c10d`` one node serves the store the others talk to; when it leaves,
+the store goes with it. A node that hosts the store therefore leaves last: before it stops the
+server it waits, bounded by ``host_leave_timeout``, until every *participant* of the last round
+(its members, and the nodes joined to the round after it) has *settled*, as the store shows it:
+
+* it read the close (``round/<r>/seen/<node>``, written by the participant before its
+  ``wait_round_invalidated()`` or ``next_rendezvous()`` returns the close to its caller);
+* it left (``round/<r>/lost/<node>``, its own leave or its predecessor's report);
+* it moved on to the next round (a join record there), unless that round is the closed one:
+  then it must read the close too;
+* or it is gone: its liveness key expired or was deleted.
+
+When every participant already settled (the usual case) the host reads the store once and
+leaves at once. Pure: :func:`unsettled` judges what the host read; :func:`wait_settled` is the
+thin shell that reads and waits on the store.
+
+The other side: a participant whose store server is gone learns it from the store client
+(:class:`~aioelastic.store.StoreServerGone`: every reconnection was refused) and ends its round
+as ``STORE_LOST`` at once, without waiting for its liveness lease to lapse.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from aioelastic._clock import Clock, move_on_at
+from aioelastic._concurrency import first_of
+from aioelastic.rendezvous import _layout as layout
+from aioelastic.store import Store
+
+DEFAULT_HOST_LEAVE_TIMEOUT = 30.0
+"""Seconds the store's host waits, at most, for the participants to read the end."""
+
+
+@dataclass(slots=True)
+class Hosting:
+    """Whether this node serves the run's store (the store's opener says so once it knows),
+    and how long it waits for the participants when it leaves (``host_leave_timeout``)."""
+
+    timeout: float = DEFAULT_HOST_LEAVE_TIMEOUT
+    here: bool = False
+
+
+def _ids_under(items: Iterable[str], head: str) -> set[int]:
+    return {int(key[len(head) :]) for key in items if key.startswith(head)}
+
+
+def unsettled(
+    members: Iterable[int],
+    inbox: Mapping[str, bytes],
+    inbox_round: int,
+    alive: frozenset[int],
+    host: int,
+) -> frozenset[int]:
+    """The participants that may still need the store (see the module docstring).
+
+    ``members``: of round ``inbox_round - 1``; ``inbox``: the keys of round ``inbox_round``
+    (relative to the run); ``alive``: the nodes whose liveness key is there; ``host``: this
+    node, which never waits for itself.
+    """
+    head = layout.round_prefix(inbox_round)
+    closed = inbox.get(head + "result") == layout.CLOSED_RESULT
+    joined = _ids_under(inbox, head + "join/")
+    settled = _ids_under(inbox, head + "lost/") | _ids_under(inbox, head + "seen/")
+    if not closed:
+        settled |= joined
+    participants = set(members) | joined
+    return frozenset(node for node in participants - settled if node != host and node in alive)
+
+
+async def wait_settled(
+    store: Store, host: int, known: int, timeout: float, clock: Clock
+) -> frozenset[int]:
+    """Wait until every participant of the last round settled, at most ``timeout`` seconds on
+    ``clock``; return those that had not (empty: all had). ``store`` is the run's view;
+    ``known`` the last round this node completed (``state/latest`` may not show it yet)."""
+    state = await store.get_prefix(layout.STATE_PREFIX)
+    latest = max(known, int(state.items.get(layout.LATEST_KEY, b"0")))
+    pending: frozenset[int] = frozenset()
+    with move_on_at(clock, clock.now() + timeout):
+        while True:
+            sealed, inbox, alive = await store.get_prefixes(
+                [layout.result_key(latest), layout.round_prefix(latest + 1), layout.alive_prefix()]
+            )
+            following = inbox.items.get(layout.result_key(latest + 1))
+            if following is not None and following != layout.CLOSED_RESULT:
+                latest += 1  # sealed, and state/latest does not say so yet
+                continue
+            value = sealed.items.get(layout.result_key(latest))
+            members = () if value is None else layout.RoundResult.decode(latest, value).members
+            pending = unsettled(
+                members, inbox.items, latest + 1, layout.parse_alive(alive.items), host
+            )
+            if not pending:
+                return pending
+            await first_of(
+                functools.partial(
+                    store.wait_for_change,
+                    layout.round_prefix(latest + 1),
+                    after=inbox.revision,
+                    timeout=math.inf,
+                ),
+                functools.partial(
+                    store.wait_for_change,
+                    layout.alive_prefix(),
+                    after=alive.revision,
+                    timeout=math.inf,
+                ),
+            )
+    return pending
