@@ -17,9 +17,7 @@ KILLED_RUNS = 50
 
 
 @pytest.mark.parametrize("nodes", [3, 8])
-def test_every_node_of_the_embedded_rendezvous_sees_the_close(
-    nodes: int, figures: Figures
-) -> None:
+def test_every_node_of_the_embedded_rendezvous_sees_the_close(nodes: int, figures: Figures) -> None:
     """200 runs: every process returns CLOSED without a warning."""
     failures = run_embedded_rendezvous(RUNS, nodes)
     figures["runs"], figures["failures"] = RUNS, len(failures)
