@@ -297,7 +297,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         if isinstance(command, m.Fail):
             if command.reason is m.FailReason.CLOSED:
                 if command.round > 0:  # its join record is in the closed round
-                    await self._say_seen(command.round)
+                    await self._say_read(command.round, closed=True)
                 raise RendezvousClosedError(self.settings.run_id)
             raise RendezvousTimeoutError(
                 self.settings.run_id,
@@ -412,11 +412,13 @@ class ElasticRendezvousHandler(RendezvousHandler):
         for renewal in self._renewals:
             renewal.cancel()
 
-    async def _say_seen(self, round_: int) -> None:
-        """Tell the store's host this node read the close of round ``round_`` (best effort),
-        before its caller learns it and may leave; keep-alives stop: the run is over."""
-        self._saw_close = True
-        self._stop_keeping_alive()
+    async def _say_read(self, round_: int, *, closed: bool) -> None:
+        """Tell the store's host this node read the end that went into round ``round_`` (best
+        effort), before its caller learns it and may leave; after a close, keep-alives stop:
+        the run is over."""
+        if closed:
+            self._saw_close = True
+            self._stop_keeping_alive()
         if self._store is None or self._gone is not None:
             return
         with (
@@ -793,8 +795,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     return
         if self._stop_successor is not None:  # the inbox decides: the round is over
             self._stop_successor()
-        if verdict.reason is InvalidationReason.CLOSED:
-            await self._say_seen(result.round + 1)  # before anyone may act on it and leave
+        if verdict.reason is not InvalidationReason.NODES_WAITING:  # an end: say it was read
+            closed = verdict.reason is InvalidationReason.CLOSED
+            await self._say_read(result.round + 1, closed=closed)
         self._invalidate(verdict)
 
     async def _watch_successor(self, result: layout.RoundResult) -> None:

@@ -5,8 +5,9 @@ the store goes with it. A node that hosts the store therefore leaves last: befor
 server it waits, bounded by ``host_leave_timeout``, until every *participant* of the last round
 (its members, and the nodes joined to the round after it) has *settled*, as the store shows it:
 
-* it read the close (``round/<r>/seen/<node>``, written by the participant before its
-  ``wait_round_invalidated()`` or ``next_rendezvous()`` returns the close to its caller);
+* it read the end (``round/<r>/seen/<node>``, written by the participant before its
+  ``wait_round_invalidated()`` or ``next_rendezvous()`` returns the close, or a participant
+  lost, to its caller);
 * it left (``round/<r>/lost/<node>``, its own leave or its predecessor's report);
 * it moved on to the next round (a join record there), unless that round is the closed one:
   then it must read the close too;

@@ -119,23 +119,6 @@ async def test_the_host_leaves_at_once_when_everyone_read_the_close() -> None:
         assert clock.now() == 0
 
 
-async def test_the_host_waits_for_members_that_leave_without_reading() -> None:
-    """Every rank leaves (no close): the host waits for the others to leave, then goes."""
-    clock = ManualClock()
-    store = MemoryStore(clock=clock)
-    host = handler(store, clock, Hosting(here=True))
-    others = [handler(store, clock) for _ in range(2)]
-    async with round_of_three(host, *others), anyio.create_task_group() as tg:
-        leaving = Leaving(host)
-        tg.start_soon(leaving.run)
-        await anyio.wait_all_tasks_blocked()
-        assert not leaving.left.is_set()
-        for each in others:
-            assert await each.shutdown()
-        with anyio.fail_after(10):
-            await leaving.left.wait()
-
-
 async def test_the_host_waits_at_most_host_leave_timeout(caplog: pytest.LogCaptureFixture) -> None:
     """A member that never reads the close (hung) holds the host host_leave_timeout at most,
     and the host names it."""
@@ -176,3 +159,19 @@ async def test_a_joiner_the_close_fails_says_it_read_it() -> None:
         await failed.wait()
         seen = await store.get_prefix(f"rdzv/job/{layout.round_prefix(1)}seen/")
     assert list(seen.items) == [f"rdzv/job/{layout.seen_key(1, waiting.node_id)}"]
+
+
+async def test_a_host_leaving_a_running_round_waits_only_for_the_others_to_read_it() -> None:
+    """The host leaves while the round runs: once the others read the loss (their verdict),
+    it goes, without waiting for them to leave."""
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    host = handler(store, clock, Hosting(here=True))
+    others = [handler(store, clock) for _ in range(2)]
+    async with round_of_three(host, *others):
+        with anyio.fail_after(10):  # generous: only guards against a hang
+            assert await host.shutdown()
+        for each in others:
+            verdict = await each.wait_round_invalidated()
+            assert verdict.reason is InvalidationReason.PARTICIPANT_LOST
+        assert clock.now() == 0
