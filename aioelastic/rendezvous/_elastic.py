@@ -273,6 +273,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
         try:
             self._leave_round("this node left it to join the next round")
             while True:
+                if self._gone is not None:
+                    raise RendezvousConnectionError(self._host_left())
                 try:
                     with anyio.CancelScope() as self._join_scope:  # cancelled: store gone
                         command = await self._join()
