@@ -25,6 +25,7 @@ as ``STORE_LOST`` at once, without waiting for its liveness lease to lapse.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -32,7 +33,13 @@ from dataclasses import dataclass
 from aioelastic._clock import Clock, move_on_at
 from aioelastic._concurrency import first_of
 from aioelastic.rendezvous import _layout as layout
-from aioelastic.store import Store
+from aioelastic.rendezvous._info import InvalidationReason, RoundInvalidated
+from aioelastic.store import Store, StoreError
+
+logger = logging.getLogger("aioelastic.rendezvous._elastic")
+
+LEFT = "left"
+"""What a member that leaves writes as its own loss report."""
 
 DEFAULT_HOST_LEAVE_TIMEOUT = 30.0
 """Seconds the store's host waits, at most, for the participants to read the end."""
@@ -72,6 +79,20 @@ def unsettled(
         settled |= joined
     participants = set(members) | joined
     return frozenset(node for node in participants - settled if node != host and node in alive)
+
+
+def worth_reading_back(
+    verdict: RoundInvalidated, inbox: Mapping[str, bytes], inbox_round: int
+) -> bool:
+    """Whether a member says it read ``verdict`` (what the inbox of round ``inbox_round``
+    held): a close, or a participant that left (the store's host among them, maybe); not
+    nodes waiting (the member joins the next round) nor a crash (a dead host's store is gone)."""
+    if verdict.reason is InvalidationReason.CLOSED:
+        return True
+    head = layout.round_prefix(inbox_round) + "lost/"
+    return verdict.reason is InvalidationReason.PARTICIPANT_LOST and any(
+        key.startswith(head) and value == LEFT.encode() for key, value in inbox.items()
+    )
 
 
 async def wait_settled(
@@ -114,3 +135,23 @@ async def wait_settled(
                 ),
             )
     return pending
+
+
+async def leave_last(
+    store: Store, node: int, known: int, run_id: str, hosting: Hosting, clock: Clock
+) -> None:
+    """As the store's host ``node``: wait until the participants read the end (bounded by
+    ``hosting.timeout``); log who had not, if anyone."""
+    try:
+        pending = await wait_settled(store, node, known, hosting.timeout, clock)
+    except StoreError as error:
+        logger.warning("rendezvous %r: waiting to leave last failed: %s", run_id, error)
+        return
+    if pending:
+        logger.warning(
+            "rendezvous %r: the store's host leaves with node(s) %s still to read the end "
+            "after %g s (host_leave_timeout); they will find the store gone",
+            run_id,
+            ", ".join(map(str, sorted(pending))),
+            hosting.timeout,
+        )
