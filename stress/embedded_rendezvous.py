@@ -2,10 +2,14 @@
 ``c10d`` store, rank 0 closing, every process awaiting ``wait_round_invalidated()``.
 
 :func:`run_embedded_rendezvous` runs it ``runs`` times and returns what went wrong; the launch
-soak and ``make stress`` call it. A run fails when a process does not print CLOSED (within
-``within`` seconds of its wait starting), writes anything to stderr (a warning), exits non-zero
-or outlives ``timeout``. With ``kill_host`` the store's host is SIGKILLed once the round
-completed, and every other process must print STORE_LOST instead (the store's host was lost).
+soak and ``make stress`` call it. A run fails when a process exits non-zero, writes anything to
+stderr (a warning), outlives ``timeout``, or does not end as its ``ending`` says:
+
+* ``"close"``: rank 0 closes; every process prints CLOSED within ``within`` seconds of its wait;
+* ``"host-closes"``: the same, the store's host being the one that closes;
+* ``"leave"``: every process leaves as soon as the round completed (nobody closes);
+* ``"kill-host"``: the store's host is SIGKILLed once the round completed; every other process
+  prints STORE_LOST within ``within`` seconds (the store's host was lost).
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ async def main(port: int, nodes: int, host: bool) -> None:
         print("entered", flush=True)
         info = await handler.next_rendezvous()
         print("complete", info.rank, flush=True)
-        if sys.argv[4] == "close" and info.rank == 0:
+        ending = sys.argv[4]
+        if ending == "leave":
+            return
+        if (ending == "close" and info.rank == 0) or (ending == "host-closes" and host):
             await handler.set_closed()
         started = time.monotonic()
         verdict = await handler.wait_round_invalidated()
@@ -100,32 +107,38 @@ class _Process:
         return self.out.decode(errors="replace") + self.err.read_text(errors="replace")
 
 
+ENDINGS = ("close", "host-closes", "leave", "kill-host")
+
+
 def _one_run(
-    script: Path, workdir: Path, nodes: int, kill_host: bool, timeout: float, within: float
+    script: Path, workdir: Path, nodes: int, ending: str, timeout: float, within: float
 ) -> tuple[str | None, tuple[str, ...]]:
-    """Run the snippet once; return why it failed (or None) and what each process printed."""
+    """Run the snippet once; return why it failed (or None) and what each process printed.
+
+    Process 0 hosts the store where the ending needs to know which one does; it starts first.
+    """
     port = _free_port()
     until = time.monotonic() + timeout
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    mode = "kill" if kill_host else "close"
+    named_host = ending in ("host-closes", "kill-host")
     procs: list[_Process] = []
     try:
         reason = None
         for index in range(nodes):
-            role = "host" if kill_host and index == 0 else "node"
-            command = [sys.executable, str(script), str(port), str(nodes), role, mode]
+            role = "host" if named_host and index == 0 else "node"
+            command = [sys.executable, str(script), str(port), str(nodes), role, ending]
             procs.append(_Process(command, workdir / f"err{index}", env))
             if role == "host" and not procs[0].read_until("entered", until):
                 reason = "the store's host did not start"
                 break
-        if reason is None and kill_host:
+        if reason is None and ending == "kill-host":
             if not all(proc.read_until("complete", until) for proc in procs):
                 reason = "the round did not complete"
             procs[0].proc.send_signal(signal.SIGKILL)
         if reason is None:
             for proc in procs:
                 proc.finish(until)
-            reason = _judge(procs, kill_host, within)
+            reason = _judge(procs, ending, within)
     except subprocess.TimeoutExpired:
         reason = f"a process outlived {timeout:g} s"
     finally:
@@ -134,11 +147,11 @@ def _one_run(
     return reason, tuple(proc.output() for proc in procs)
 
 
-def _judge(procs: list[_Process], kill_host: bool, within: float) -> str | None:
+def _judge(procs: list[_Process], ending: str, within: float) -> str | None:
     """Why the finished run failed, or None."""
-    want = "STORE_LOST" if kill_host else "CLOSED"
+    want = {"kill-host": "STORE_LOST", "leave": "complete"}.get(ending, "CLOSED")
     for index, proc in enumerate(procs):
-        if kill_host and index == 0:
+        if ending == "kill-host" and index == 0:
             continue  # killed
         if proc.proc.returncode != 0:
             return f"process {index} exited {proc.proc.returncode}"
@@ -147,7 +160,7 @@ def _judge(procs: list[_Process], kill_host: bool, within: float) -> str | None:
         last = (proc.out.decode(errors="replace").splitlines() or [""])[-1].split()
         if len(last) != 2 or last[0] != want:
             return f"process {index} ended with {' '.join(last)!r}, not {want}"
-        if float(last[1]) > within:
+        if ending != "leave" and float(last[1]) > within:
             return f"process {index} took {last[1]} s to see {want} (more than {within:g} s)"
     return None
 
@@ -156,19 +169,22 @@ def run_embedded_rendezvous(
     runs: int,
     nodes: int = 3,
     *,
-    kill_host: bool = False,
+    ending: str = "close",
     timeout: float = 120.0,
     within: float = 10.0,
 ) -> list[EmbeddedFailure]:
     """Run the embedded-rendezvous snippet ``runs`` times with ``nodes`` processes (this
-    interpreter; ``PYTHONPATH`` decides which aioelastic) and return the failed runs."""
+    interpreter; ``PYTHONPATH`` decides which aioelastic), ending as ``ending`` says (see the
+    module docstring), and return the failed runs (empty: all passed)."""
+    if ending not in ENDINGS:
+        raise ValueError(f"ending={ending!r} is not one of {', '.join(ENDINGS)}")
     failures = []
     with tempfile.TemporaryDirectory(prefix="embedded-rdzv-") as tmp:
         workdir = Path(tmp)
         script = workdir / "snippet.py"
         script.write_text(SNIPPET)
         for run in range(runs):
-            reason, outputs = _one_run(script, workdir, nodes, kill_host, timeout, within)
+            reason, outputs = _one_run(script, workdir, nodes, ending, timeout, within)
             if reason is not None:
                 failures.append(EmbeddedFailure(run, nodes, reason, outputs))
     return failures

@@ -338,10 +338,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
     async def shutdown(self) -> bool:
         """Leave the rendezvous (a completed round learns this node left); others go on.
 
-        A node that hosts the store leaves last: it waits, at most ``host_leave_timeout``,
-        until every participant read the end (see :mod:`._ending`). After the run closed, or
-        once the store is gone, there is nothing to tidy: no store call is made.
-        """
+        The store's host leaves last: it waits, at most ``host_leave_timeout``, until every
+        participant read the end (:mod:`._ending`). After a close, or once the store is gone,
+        there is nothing to tidy: no store call is made."""
         if self._shut or self._store is None:
             return True
         self._shut = True
@@ -354,14 +353,15 @@ class ElasticRendezvousHandler(RendezvousHandler):
             with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.close_timeout):
                 if self._gone is None and last is not None and still_valid:
                     await self._report_lost(last.round + 1, self._node, LEFT)
+                    still_valid = False  # told: what follows is tidying
                 if self._gone is None and not self._saw_close:
                     await store.delete_key(layout.alive_key(self._node))
-        except (StoreError, TimeoutError) as error:
-            if self._gone is None:
-                logger.warning(
-                    "rendezvous %r: leaving cleanly failed: %s", self.settings.run_id, error
-                )
-                clean = False
+        except (StoreError, TimeoutError) as error:  # a warning if the others were not told
+            told = self._gone is not None or last is None or not still_valid
+            level, clean = (logging.INFO, True) if told else (logging.WARNING, False)
+            logger.log(
+                level, "rendezvous %r: leaving cleanly failed: %s", self.settings.run_id, error
+            )
         if self._hosting is not None and self._hosting.here and self._gone is None:
             known = self._last.round if self._last is not None else 0
             await leave_last(

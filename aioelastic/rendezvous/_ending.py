@@ -8,10 +8,10 @@ server it waits, bounded by ``host_leave_timeout``, until every *participant* of
 * it read the end (``round/<r>/seen/<node>``, written by the participant before its
   ``wait_round_invalidated()`` or ``next_rendezvous()`` returns the close, or a participant
   lost, to its caller);
-* it left (``round/<r>/lost/<node>``, its own leave or its predecessor's report);
 * it moved on to the next round (a join record there), unless that round is the closed one:
   then it must read the close too;
-* or it is gone: its liveness key expired or was deleted.
+* or it is gone: it left (its liveness key deleted, after its own loss report) or died (the
+  key expired).
 
 When every participant already settled (the usual case) the host reads the store once and
 leaves at once. Pure: :func:`unsettled` judges what the host read; :func:`wait_settled` is the
@@ -74,7 +74,7 @@ def unsettled(
     head = layout.round_prefix(inbox_round)
     closed = inbox.get(head + "result") == layout.CLOSED_RESULT
     joined = _ids_under(inbox, head + "join/")
-    settled = _ids_under(inbox, head + "lost/") | _ids_under(inbox, head + "seen/")
+    settled = _ids_under(inbox, head + "seen/")
     if not closed:
         settled |= joined
     participants = set(members) | joined

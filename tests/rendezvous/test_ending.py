@@ -66,14 +66,15 @@ class Leaving:
 
 
 def test_a_participant_settles_by_reading_the_close_leaving_or_dying() -> None:
-    """Who the host still waits for: members (and joiners) alive that neither read the close
-    nor left; never itself."""
+    """Who the host still waits for: members (and joiners) whose liveness key is there and
+    that did not say they read the close; never itself."""
     head = layout.round_prefix(2)
     closed = {head + "result": layout.CLOSED_RESULT}
     alive = frozenset({1, 2, 3, 4, 5})
     assert unsettled((1, 2, 3), closed, 2, alive, host=1) == {2, 3}
     read = {**closed, layout.seen_key(2, 2): b"1", layout.lost_key(2, 3): b"left"}
-    assert unsettled((1, 2, 3), read, 2, alive, host=1) == frozenset()
+    assert unsettled((1, 2, 3), read, 2, alive, host=1) == {3}  # leaving: its key is still there
+    assert unsettled((1, 2, 3), read, 2, alive - {3}, host=1) == frozenset()  # left
     assert unsettled((1, 2, 3), closed, 2, frozenset({1}), host=1) == frozenset()  # gone
     joined = {**closed, layout.join_key(2, 4): b"{}"}
     assert unsettled((1,), joined, 2, alive, host=1) == {4}  # a joiner must read it too
