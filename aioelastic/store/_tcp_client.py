@@ -43,7 +43,7 @@ from typing import Self
 import anyio
 import anyio.abc
 
-from aioelastic._subscribers import Subscribers, WarningEvent
+from aioelastic._subscribers import Subscribers
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._client_core import ClientHandshake, check_reply
 from aioelastic.store._errors import (
@@ -112,7 +112,7 @@ def refused(error: BaseException) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class StoreServerGone(WarningEvent):
+class StoreServerGone:
     """Every attempt to reconnect to the store's server since the connection dropped was
     refused: nothing listens at ``endpoint`` any more (the process serving it ended)."""
 
@@ -328,7 +328,8 @@ class TCPStore(Store):
     def _attempt_failed(self, error: BaseException, reason: str) -> None:
         """Note how a reconnection attempt failed: refused means gone (said once), anything
         else (a timeout: maybe a partition) means the server may be alive."""
-        if not refused(error):
+        closed = isinstance(error, anyio.EndOfStream | anyio.BrokenResourceError)
+        if not (refused(error) or (closed and self.ssl is None)):  # (closed: it went away)
             self._gone = None
             return
         if self._gone is None:
