@@ -320,8 +320,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
         return {node: record.addr for node, record in sorted(layout.parse_records(joins).items())}
 
     async def _next_round_joins(self) -> dict[str, bytes]:
+        """Joins of the round after this node's last, or after a later ``state/latest``."""
         store = self._require_store()
-        round_ = await self._latest() + 1
+        round_ = max(await self._latest(), self._last.round if self._last else 0) + 1
         return (await self._guarded(store.get_prefix(layout.join_prefix(round_)))).items
 
     async def wait_round_invalidated(self) -> RoundInvalidated:
@@ -376,9 +377,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
             renewal.cancel()
 
     async def _say_read(self, round_: int, *, closed: bool) -> None:
-        """Tell the store's host this node read the end that went into round ``round_`` (best
-        effort), before its caller learns it and may leave; after a close, keep-alives stop:
-        the run is over."""
+        """Tell the store's host this node read the end in round ``round_`` (best effort), before
+        its caller learns it and may leave; after a close, keep-alives stop: the run is over."""
         if closed:
             self._saw_close = True
             self._stop_keeping_alive()
