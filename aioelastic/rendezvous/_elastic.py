@@ -399,13 +399,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
             f"died): {detail}"
         )
         self._stop_keeping_alive()
-        for stop in (self._stop_inbox, self._stop_successor):
-            if stop is not None:
-                stop()
+        self._leave_round(self._gone, InvalidationReason.STORE_LOST)  # (joining: left already)
         if self._join_scope is not None:
             self._join_scope.cancel()
-        if self._last is not None and not self._joining:
-            self._invalidate(RoundInvalidated(InvalidationReason.STORE_LOST, self._gone))
 
     # -- joining ------------------------------------------------------------------------------
 
@@ -616,14 +612,16 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._emit(verdict)
             logger.info("rendezvous %r: %s", self.settings.run_id, verdict.detail)
 
-    def _leave_round(self, why: str) -> None:
+    def _leave_round(
+        self, why: str, reason: InvalidationReason = InvalidationReason.NODES_WAITING
+    ) -> None:
         """Stop watching the last round; waiters learn it is no longer valid for this node."""
         for stop in (self._stop_inbox, self._stop_successor):
             if stop is not None:
                 stop()
         self._stop_inbox = self._stop_successor = None
         if self._last is not None:
-            self._invalidate(RoundInvalidated(InvalidationReason.NODES_WAITING, why))
+            self._invalidate(RoundInvalidated(reason, why))
 
     async def _watch_again(self, result: layout.RoundResult, error: StoreError) -> bool:
         """After one of the round's watches failed on the store: pause, and say whether to
