@@ -6,8 +6,8 @@ server it waits, bounded by ``host_leave_timeout``, until every *participant* of
 (its members, and the nodes joined to the round after it) has *settled*, as the store shows it:
 
 * it read the end (``round/<r>/seen/<node>``, written by the participant before its
-  ``wait_round_invalidated()`` or ``next_rendezvous()`` returns the close, or a participant
-  lost, to its caller);
+  ``wait_round_invalidated()`` or ``next_rendezvous()`` returns the close, or the loss of a
+  participant that left, to its caller: :func:`worth_reading_back`);
 * it moved on to the next round (a join record there), unless that round is the closed one:
   then it must read the close too;
 * or it is gone: it left (its liveness key deleted, after its own loss report) or died (the
@@ -36,7 +36,7 @@ from aioelastic.rendezvous import _layout as layout
 from aioelastic.rendezvous._info import InvalidationReason, RoundInvalidated
 from aioelastic.store import Store, StoreError
 
-logger = logging.getLogger("aioelastic.rendezvous._elastic")
+logger = logging.getLogger("aioelastic.rendezvous._elastic")  # the handler's, as it was
 
 LEFT = "left"
 """What a member that leaves writes as its own loss report."""
