@@ -65,7 +65,8 @@ PUBLIC = {
         "PrefixStore", "RelayStatistics", "Snapshot", "Store", "StoreClosedError",
         "StoreConnectionError",
         "StoreCredentials", "StoreError", "StoreOutcomeUnknownError", "StoreProtocolError",
-        "StoreRefusedError", "StoreTimeoutError", "StoreValueError", "TCPStore", "TCPStoreServer",
+        "StoreRefusedError", "StoreServerGone", "StoreTimeoutError", "StoreValueError", "TCPStore",
+        "TCPStoreServer",
         "TCPStoreServerStatistics", "TorchServiceStatistics", "TorchStoreListener", "Value",
     },
     "aioelastic.testing": {

@@ -749,6 +749,8 @@ class ElasticAgent(Service):
         event = await self.spec.rdzv_handler.wait_round_invalidated()
         if event.reason is InvalidationReason.CLOSED:
             return Outcome.CLOSED, f"the rendezvous was closed: {event.detail}"
+        if event.reason is InvalidationReason.STORE_LOST:  # the job cannot go on: it ends
+            return Outcome.CLOSED, event.detail
         if event.reason is InvalidationReason.FENCED:
             self._emit(NodeFenced(event.detail))
             return Outcome.FENCED, event.detail

@@ -6,6 +6,8 @@ every node, the host included, talks to it as a client. When another process on 
 already serves the endpoint, a node that was not told ``is_host`` simply becomes a client.
 
 ``token_file`` (or ``$AIOELASTIC_STORE_TOKEN_FILE``) secures the store: see :mod:`._security`.
+The node that hosts the store leaves last: on leaving it waits, at most ``host_leave_timeout``
+seconds (default 30), until every participant read the end (see :mod:`._ending`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
+from aioelastic.rendezvous._ending import DEFAULT_HOST_LEAVE_TIMEOUT, Hosting
 from aioelastic.rendezvous._errors import RendezvousConnectionError, RendezvousParameterError
 from aioelastic.rendezvous._local import endpoint_is_local
 from aioelastic.rendezvous._parameters import ElasticSettings, RendezvousParameters
@@ -106,11 +109,13 @@ async def open_tcp_store(
     credentials: StoreCredentials | None = None,
     request_timeout: float | None = None,
     local_addr: str | None = None,
+    hosting: Hosting | None = None,
 ) -> AsyncIterator[Store]:
     """Serve the store if this node hosts it, and connect to it; yields the client.
 
     ``credentials`` (a token, see :mod:`._security`) are required of clients by the server
-    this node hosts and presented by its own client.
+    this node hosts and presented by its own client. ``hosting.here`` is set when this node
+    serves the store.
     """
     credentials = credentials or StoreCredentials()
     async with AsyncExitStack() as stack:
@@ -134,6 +139,9 @@ async def open_tcp_store(
                 logger.info(
                     "%s:%d is served by another process here; joining as a client", host, port
                 )
+            else:
+                if hosting is not None:
+                    hosting.here = True
         client = credentials.client(
             host,
             port,
@@ -160,7 +168,7 @@ async def open_tcp_store(
 def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
     """Create a ``c10d`` handler (see the module docstring)."""
     settings = ElasticSettings.from_parameters(
-        params, extra_keys={"is_host", "store_type", *SECURITY_KEYS}
+        params, extra_keys={"is_host", "store_type", "host_leave_timeout", *SECURITY_KEYS}
     )
     store_type = str(params.get("store_type", "tcp")).strip().lower()
     if store_type != "tcp":
@@ -168,6 +176,14 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
             f"rendezvous option store_type={store_type!r} is not supported; only 'tcp' is"
         )
     is_host = params.get_as_bool("is_host")
+    leave = params.get_as_float("host_leave_timeout", DEFAULT_HOST_LEAVE_TIMEOUT)
+    assert leave is not None  # a default was given
+    if leave < 0:
+        raise RendezvousParameterError(
+            f"rendezvous option host_leave_timeout={leave:g} must be >= 0 seconds (0: the "
+            "store's host leaves without waiting for the others to read the end)"
+        )
+    hosting = Hosting(leave)
     host, port = parse_endpoint(params.endpoint)
     local_addr = params.local_addr or params.get("local_addr")
     opener = functools.partial(
@@ -180,5 +196,8 @@ def create_handler(params: RendezvousParameters) -> ElasticRendezvousHandler:
         credentials=store_credentials(params),
         request_timeout=settings.attempt_timeout,  # a partitioned connection is replaced
         local_addr=local_addr,
+        hosting=hosting,
     )
-    return ElasticRendezvousHandler(opener, settings, backend="c10d", local_addr=local_addr)
+    return ElasticRendezvousHandler(
+        opener, settings, backend="c10d", local_addr=local_addr, hosting=hosting
+    )

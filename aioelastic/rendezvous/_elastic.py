@@ -17,10 +17,8 @@ succeeded for ``read_timeout``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
-import socket
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
@@ -30,10 +28,12 @@ import anyio
 from anyio.abc import TaskGroup
 
 from aioelastic._clock import Clock, MonotonicClock, move_on_at
-from aioelastic._concurrency import Cancel, Event, LightTasks, first_of, new_event
+from aioelastic._concurrency import Cancel, Event, LightTasks, new_event
 from aioelastic._subscribers import Subscribers
 from aioelastic.rendezvous import _layout as layout
 from aioelastic.rendezvous import _machine as m
+from aioelastic.rendezvous import _store_steps as steps
+from aioelastic.rendezvous._ending import LEFT, Hosting, leave_last, worth_reading_back
 from aioelastic.rendezvous._errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -54,14 +54,15 @@ from aioelastic.rendezvous._info import (
     RoundJoining,
 )
 from aioelastic.rendezvous._lease import Lease, RenewalFailures
+from aioelastic.rendezvous._local import free_port as free_port  # (_static imports both)
+from aioelastic.rendezvous._local import local_hostname as local_hostname
 from aioelastic.rendezvous._parameters import ElasticSettings
 from aioelastic.store import (
     EtcdLeaseLost,
     PrefixStore,
-    Snapshot,
     Store,
     StoreError,
-    StoreTimeoutError,
+    StoreServerGone,
 )
 
 logger = logging.getLogger(__name__)
@@ -71,28 +72,6 @@ StoreOpener = Callable[[], AbstractAsyncContextManager[Store]]
 """Opens (and on exit closes) the store a handler runs on, for backends that own their store."""
 
 T = TypeVar("T")
-S = TypeVar("S", bound=m.CompareSetStep)
-
-
-@functools.cache
-def local_hostname() -> str:
-    """This host's fully qualified name (computed once: it may need DNS)."""
-    return socket.getfqdn(socket.gethostname())
-
-
-def free_port(addr: str) -> int:
-    """A TCP port free on ``addr`` now (for the workers' own store on rank 0)."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    bind_addr = addr if addr in ("127.0.0.1", "::1") else ""
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((bind_addr, 0))
-        return int(sock.getsockname()[1])
-
-
-def _state_read(snapshot: Snapshot) -> m.StateRead:
-    """What a read of ``state/`` says: the last sealed round, and whether the run is closed."""
-    latest = int(snapshot.items.get(layout.LATEST_KEY, b"0"))
-    return m.StateRead(latest, layout.CLOSED_KEY in snapshot.items)
 
 
 class ElasticRendezvousHandler(RendezvousHandler):
@@ -102,6 +81,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
     in ``__aenter__`` and leaves on exit. Keys live under ``rdzv/<run_id>/``. ``backend`` is
     the name :meth:`get_backend` reports (``c10d``, ``etcd-v3``, ``memory``, ...). Events
     (:data:`RendezvousEvent`) go to ``on_event`` and to callbacks given to :meth:`subscribe`.
+    ``hosting`` says whether this node serves the store, which it then leaves last
+    (:mod:`._ending`).
     """
 
     def __init__(
@@ -113,8 +94,10 @@ class ElasticRendezvousHandler(RendezvousHandler):
         local_addr: str | None = None,
         clock: Clock | None = None,
         on_event: EventCallback | None = None,
+        hosting: Hosting | None = None,
     ) -> None:
         self._source = store
+        self._hosting = hosting
         self._subscribers: Subscribers[RendezvousEvent] = Subscribers(
             logger, "rendezvous event", on_event
         )
@@ -148,6 +131,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
         self._renewal_failures = RenewalFailures()
         self._poke = new_event()  # the lease moved: set and replaced by each renewal
         self._contact = -math.inf  # when a store call last succeeded, on the clock
+        self._gone: str | None = None  # the store's server is gone: what to say
+        self._saw_close = False  # this node read that the run closed
+        self._join_scope: anyio.CancelScope | None = None  # the join in flight
 
     def __repr__(self) -> str:
         return (
@@ -187,7 +173,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             if not isinstance(base, Store):
                 base = await stack.enter_async_context(base())
             self._store = view = PrefixStore(f"rdzv/{self.settings.run_id}", base)
-            stack.callback(self._follow_lease_reports(base, view.prefix))
+            stack.callback(self._follow_store_reports(base, view.prefix))
             if self._addr is None:
                 self._addr = await anyio.to_thread.run_sync(local_hostname)
             self._node = await self._guarded(self._store.add(layout.NODE_IDS_KEY, 1))
@@ -264,10 +250,17 @@ class ElasticRendezvousHandler(RendezvousHandler):
         try:
             self._leave_round("this node left it to join the next round")
             while True:
+                if self._gone is not None:
+                    raise RendezvousConnectionError(self._gone)
                 try:
-                    command = await self._join()
-                    break
+                    with anyio.CancelScope() as self._join_scope:  # cancelled: store gone
+                        command = await self._join()
+                    if self._gone is None:
+                        break
+                    raise RendezvousConnectionError(self._gone)
                 except RendezvousConnectionError as error:
+                    if self._gone is not None:
+                        raise RendezvousConnectionError(self._gone) from error
                     if self._clock.now() - self._contact >= self.settings.read_timeout:
                         raise
                     logger.warning(
@@ -279,8 +272,11 @@ class ElasticRendezvousHandler(RendezvousHandler):
                     await self._clock.sleep_until(self._clock.now() + pause)
         finally:
             self._joining = False
+            self._join_scope = None
         if isinstance(command, m.Fail):
             if command.reason is m.FailReason.CLOSED:
+                if command.round > 0:  # its join record is in the closed round
+                    await self._say_read(command.round, closed=True)
                 raise RendezvousClosedError(self.settings.run_id)
             raise RendezvousTimeoutError(
                 self.settings.run_id,
@@ -312,7 +308,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         with anyio.fail_after(self.settings.close_timeout):
             await self._guarded(store.set(layout.CLOSED_KEY, b"1"))
             first = m.CloseRound(await self._latest() + 1)
-            closed = await self._guarded(self._compare_set_until_done(first))
+            closed = await self._guarded(steps.compare_set_until_done(store, first))
             await self._guarded(store.add(layout.count_key(closed.round), 0))  # ring the doorbell
 
     async def num_nodes_waiting(self) -> int:
@@ -324,8 +320,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
         return {node: record.addr for node, record in sorted(layout.parse_records(joins).items())}
 
     async def _next_round_joins(self) -> dict[str, bytes]:
+        """Joins of the round after this node's last, or after a later ``state/latest``."""
         store = self._require_store()
-        round_ = await self._latest() + 1
+        round_ = max(await self._latest(), self._last.round if self._last else 0) + 1
         return (await self._guarded(store.get_prefix(layout.join_prefix(round_)))).items
 
     async def wait_round_invalidated(self) -> RoundInvalidated:
@@ -340,32 +337,78 @@ class ElasticRendezvousHandler(RendezvousHandler):
         return self._invalidated
 
     async def shutdown(self) -> bool:
-        """Leave the rendezvous (a completed round learns this node left); others go on."""
+        """Leave the rendezvous (a completed round learns this node left); others go on.
+
+        The store's host leaves last: it waits, at most ``host_leave_timeout``, until every
+        participant read the end (:mod:`._ending`). After a close, or once the store is gone,
+        there is nothing to tidy: no store call is made."""
         if self._shut or self._store is None:
             return True
         self._shut = True
+        self._stop_keeping_alive()
+        store = self._store
+        last, still_valid = self._last, self._invalidated is None
+        self._leave_round("this handler shut down")
+        clean = True
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.close_timeout):
+                if self._gone is None and last is not None and still_valid:
+                    await self._report_lost(last.round + 1, self._node, LEFT)
+                    still_valid = False  # told: what follows is tidying
+                if self._gone is None and not self._saw_close:
+                    await store.delete_key(layout.alive_key(self._node))
+        except (StoreError, TimeoutError) as error:  # a warning if the others were not told
+            told = self._gone is not None or last is None or not still_valid
+            level, clean = (logging.INFO, True) if told else (logging.WARNING, False)
+            logger.log(
+                level, "rendezvous %r: leaving cleanly failed: %s", self.settings.run_id, error
+            )
+        if self._hosting is not None and self._hosting.here and self._gone is None:
+            known = self._last.round if self._last is not None else 0
+            await leave_last(
+                store, self._node, known, self.settings.run_id, self._hosting, self._clock
+            )
+        return clean
+
+    def _stop_keeping_alive(self) -> None:
         if self._stop_keep_alive is not None:
             self._stop_keep_alive()
         for renewal in self._renewals:
             renewal.cancel()
-        store = self._store
-        last, still_valid = self._last, self._invalidated is None
-        self._leave_round("this handler shut down")
-        try:
-            with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.close_timeout):
-                if last is not None and still_valid:
-                    await self._report_lost(last.round + 1, self._node, "left")
-                await store.delete_key(layout.alive_key(self._node))
-        except (StoreError, TimeoutError) as error:
-            logger.warning("rendezvous %r: leaving cleanly failed: %s", self.settings.run_id, error)
-            return False
-        return True
+
+    async def _say_read(self, round_: int, *, closed: bool) -> None:
+        """Tell the store's host this node read the end in round ``round_`` (best effort), before
+        its caller learns it and may leave; after a close, keep-alives stop: the run is over."""
+        if closed:
+            self._saw_close = True
+            self._stop_keeping_alive()
+        if self._store is None or self._gone is not None:
+            return
+        with (
+            contextlib.suppress(StoreError, TimeoutError),
+            anyio.fail_after(self.settings.attempt_timeout),
+        ):
+            await self._store.set(layout.seen_key(round_, self._node), b"1")
+
+    def _store_gone(self, detail: str) -> None:
+        """The store's server is gone: end the round (or the join) as ``STORE_LOST`` now."""
+        if self._gone is not None or self._shut:
+            return
+        self._gone = (
+            f"rendezvous of run {self.settings.run_id!r}: the store's host was lost (it left or "
+            f"died): {detail}"
+        )
+        self._stop_keeping_alive()
+        self._leave_round(self._gone, InvalidationReason.STORE_LOST)  # (joining: left already)
+        if self._join_scope is not None:
+            self._join_scope.cancel()
 
     # -- joining ------------------------------------------------------------------------------
 
     async def _join(self) -> m.Finish | m.Fail:
         """One attempt to join the next round: run a fresh machine to its end."""
         assert self._addr is not None
+        store = self._require_store()
         if self._lease.lapsed(self._clock.now()):
             await self._renew()  # a join must not start on a lease that lapses at once
         previous = (self._last.round, self._rank) if self._last is not None else (0, -1)
@@ -375,14 +418,14 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._addr,
             free_port(self._addr),
             previous,
-            read_state_on_arrival=self._require_store().counts_keys,
+            read_state_on_arrival=store.counts_keys,
         )
         command = machine.start(self._clock.now())
         try:
             while not isinstance(command, m.Finish | m.Fail):
                 logger.debug("rendezvous node %d: %s", self._node, command)
                 try:  # as _guarded, one coroutine fewer: a waiting node holds each
-                    event = await self._execute(command)
+                    event = await steps.execute(store, self._clock, command)
                 except StoreError as error:
                     raise self._store_lost(error) from error
                 now = self._contact = self._clock.now()
@@ -394,97 +437,9 @@ class ElasticRendezvousHandler(RendezvousHandler):
             raise
         return command
 
-    async def _execute(self, command: m.Command) -> m.Event:
-        """Perform one command of the machine against the store; return its outcome."""
-        store = self._store
-        assert store is not None
-        match command:
-            case m.ReadState():
-                return _state_read(await store.get_prefix(layout.STATE_PREFIX))
-            case m.Arrive(round_, record, read_state):
-                if store.counts_keys:
-                    keys, values, counted = layout.counted_arrival(round_, record)
-                    if read_state:
-                        arrival, state = await store.multi_set_count_and_read(
-                            keys, values, prefix=counted, read=layout.STATE_PREFIX
-                        )
-                        return m.Arrived(arrival, _state_read(state))
-                    return m.Arrived(await store.multi_set_and_count(keys, values, prefix=counted))
-                await store.set(layout.join_key(round_, record.node), record.encode())
-                return m.Arrived(await store.add(layout.count_key(round_), 1))
-            case m.AwaitResult(round_, deadline):
-                with move_on_at(self._clock, deadline):
-                    return m.ResultSeen(
-                        await store.get(layout.result_key(round_), timeout=math.inf)
-                    )
-                return m.DeadlineReached()
-            case m.ReadCandidates(round_):
-                joins, alive = await store.get_prefixes(
-                    [layout.join_prefix(round_), layout.alive_prefix()]
-                )
-                records = layout.parse_records(joins.items)
-                return m.Candidates(records, layout.parse_alive(alive.items), joins.revision)
-            case m.Publish(round_, value):
-                stored = await store.compare_set(layout.result_key(round_), b"", value)
-                if stored == value:
-                    await self._compare_set_until_done(m.AdvanceLatest.first(round_))
-                return m.Published(stored)
-            case m.AwaitJoins(round_, deadline, lapsed, after):
-                changed = False
-                with self._clock.move_on_at(deadline):
-                    await self._await_joins(round_, lapsed, after)
-                    changed = True
-                if not changed:
-                    return m.DeadlineReached()
-                sealed = await store.get_prefix(layout.result_key(round_))
-                found = sealed.items.get(layout.result_key(round_))
-                return m.JoinsChanged() if found is None else m.ResultSeen(found)
-            case m.Withdraw(round_, node):
-                joined = await store.get_prefix(layout.join_prefix(round_))
-                living = layout.parse_alive((await store.get_prefix(layout.alive_prefix())).items)
-                live = len(m.live_joiners(layout.parse_records(joined.items), living))
-                await store.delete_key(layout.join_key(round_, node))
-                sealed = await store.get_prefix(layout.result_key(round_))
-                return m.Withdrawn(sealed.items.get(layout.result_key(round_)), live)
-        raise AssertionError(f"not a store command: {command!r}")  # pragma: no cover
-
-    async def _compare_set_until_done(self, step: S) -> S:
-        """Run the machine's compare-and-set loop from ``step``; return its last step."""
-        store = self._store
-        assert store is not None
-        while True:
-            following = step.then(await store.compare_set(step.key, step.expected, step.desired))
-            if following is None:
-                return step
-            step = following
-
-    async def _await_joins(self, round_: int, lapsed: frozenset[int], after: int) -> None:
-        """Return once the round changed or a lapsed joiner's liveness key is back."""
-        store = self._store
-        assert store is not None
-        change = functools.partial(
-            store.wait_for_change, layout.round_prefix(round_), after=after, timeout=math.inf
-        )
-        if not lapsed:  # the usual case: no race, no task
-            await change()
-            return
-        await first_of(
-            change,
-            *(
-                functools.partial(store.wait, [layout.alive_key(node)], timeout=math.inf)
-                for node in lapsed
-            ),
-        )
-
-    async def _before(self, deadline: float, call: Callable[[], Awaitable[T]]) -> T | None:
-        """Return what ``call()`` returns, or None if ``deadline`` (on the clock) comes first."""
-        with self._clock.move_on_at(deadline):
-            return await call()
-        return None
-
     async def _abandon(self, machine: m.JoinMachine) -> None:
         """Best effort after a failed or cancelled join: withdraw the join record."""
-        if not machine.may_hold_join_record:
+        if not machine.may_hold_join_record or self._gone is not None:
             return
         assert self._store is not None
         with (
@@ -551,7 +506,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
             return True
 
         bound = self.settings.heartbeat_timeout - self._lease.margin
-        if await self._before(sent + bound, renew) is None:
+        if await steps.before(self._clock, sent + bound, renew) is None:
             raise RendezvousConnectionError(
                 f"rendezvous of run {self.settings.run_id!r}: the store did not acknowledge a "
                 f"keep-alive within {bound:g} s"
@@ -600,7 +555,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
     async def _renew_logged(self) -> None:
         """Renew once; a failure is logged when a run of them starts (see
         :class:`RenewalFailures`), the run is summarised when it ends or fences the node."""
-        if self._shut:  # started after shutdown stopped the keep-alives
+        if self._shut or self._saw_close or self._gone is not None:  # nothing to keep alive
             return
         sent = self._clock.now()
         scope = anyio.CancelScope()  # shutdown cancels the renewals in flight
@@ -615,11 +570,12 @@ class ElasticRendezvousHandler(RendezvousHandler):
         finally:
             self._renewals.discard(scope)
 
-    def _follow_lease_reports(self, store: Store, prefix: str) -> Callable[[], None]:
+    def _follow_store_reports(self, store: Store, prefix: str) -> Callable[[], None]:
         """Fence as soon as ``store`` reports this node's liveness lease lost (an etcd store
         finds it at the next renewal: revoked, or expired before this node's clock says so),
-        as if the lease had lapsed; ``prefix`` is this handler's in ``store``. Returns the
-        unsubscribe function."""
+        as if the lease had lapsed; ``prefix`` is this handler's in ``store``. End the round
+        as ``STORE_LOST`` as soon as it reports its server gone (a TCP store whose every
+        reconnection was refused). Returns the unsubscribe function."""
         subscribe = getattr(store, "subscribe", None)
         if subscribe is None:
             return lambda: None
@@ -628,6 +584,8 @@ class ElasticRendezvousHandler(RendezvousHandler):
             alive = f"{prefix}/{layout.alive_key(self._node)}"
             if isinstance(event, EtcdLeaseLost) and event.key == alive:
                 self._fence(self._clock.now(), f"the store lost its liveness lease: {event.detail}")
+            elif isinstance(event, StoreServerGone):
+                self._store_gone(event.detail)
 
         unsubscribe: Callable[[], None] = subscribe(on_event)
         return unsubscribe
@@ -654,14 +612,16 @@ class ElasticRendezvousHandler(RendezvousHandler):
             self._emit(verdict)
             logger.info("rendezvous %r: %s", self.settings.run_id, verdict.detail)
 
-    def _leave_round(self, why: str) -> None:
+    def _leave_round(
+        self, why: str, reason: InvalidationReason = InvalidationReason.NODES_WAITING
+    ) -> None:
         """Stop watching the last round; waiters learn it is no longer valid for this node."""
         for stop in (self._stop_inbox, self._stop_successor):
             if stop is not None:
                 stop()
         self._stop_inbox = self._stop_successor = None
         if self._last is not None:
-            self._invalidate(RoundInvalidated(InvalidationReason.NODES_WAITING, why))
+            self._invalidate(RoundInvalidated(reason, why))
 
     async def _watch_again(self, result: layout.RoundResult, error: StoreError) -> bool:
         """After one of the round's watches failed on the store: pause, and say whether to
@@ -674,7 +634,7 @@ class ElasticRendezvousHandler(RendezvousHandler):
         lease lapses :meth:`_keep_alive` fences the round, which stops the workers before
         anyone may take their ranks (False: stop).
         """
-        if self._lease.lapsed(self._clock.now()):
+        if self._lease.lapsed(self._clock.now()) or self._gone is not None:
             return False
         logger.warning(
             "rendezvous %r: watching round %d failed (%s); watching again while the lease holds",
@@ -690,22 +650,19 @@ class ElasticRendezvousHandler(RendezvousHandler):
         """Return once the next round's keys say this round is over (and say so)."""
         store = self._store
         assert store is not None
-        prefix = layout.round_prefix(result.round + 1)
         while True:
             try:
-                await store.wait([layout.count_key(result.round + 1)], timeout=math.inf)
-                snapshot = await store.get_prefix(prefix)
-                members, round_ = result.members, result.round
-                while (verdict := m.assess_inbox(members, round_, snapshot.items)) is None:
-                    await store.wait_for_change(prefix, after=snapshot.revision, timeout=math.inf)
-                    snapshot = await store.get_prefix(prefix)
+                verdict, inbox = await steps.inbox_verdict(store, result)
                 break
             except StoreError as error:
                 if not await self._watch_again(result, error):
                     return
-        self._invalidate(verdict)
         if self._stop_successor is not None:  # the inbox decides: the round is over
             self._stop_successor()
+        if worth_reading_back(verdict, inbox, result.round + 1):
+            closed = verdict.reason is InvalidationReason.CLOSED
+            await self._say_read(result.round + 1, closed=closed)
+        self._invalidate(verdict)
 
     async def _watch_successor(self, result: layout.RoundResult) -> None:
         """Report the ring successor lost once its liveness key is gone, or once this node has
@@ -717,26 +674,10 @@ class ElasticRendezvousHandler(RendezvousHandler):
         successor = m.ring_successor(result.members, self._node)
         assert successor is not None
         timeout = self.settings.heartbeat_timeout
-        prefix, key = layout.alive_prefix(successor), layout.alive_key(successor)
         told = False
         while True:
             try:
-                snapshot = await store.get_prefix(prefix)
-                seen = self._clock.now()
-                while key in snapshot.items:
-                    changed = False
-                    with move_on_at(self._clock, seen + timeout):
-                        await store.wait_for_change(
-                            prefix, after=snapshot.revision, timeout=math.inf
-                        )
-                        changed = True
-                    if not changed:
-                        try:
-                            await store.wait_for_change(prefix, after=snapshot.revision, timeout=0)
-                        except StoreTimeoutError:
-                            break
-                    seen = self._clock.now()
-                    snapshot = await store.get_prefix(prefix)
+                await steps.successor_gone(store, self._clock, successor, timeout)
                 # Told first (once, though a failed report is tried again): once the report is
                 # in, the inbox watch may end the round and stop this watch before the report's
                 # own calls return.

@@ -46,6 +46,8 @@ class InvalidationReason(enum.Enum):
     RESTARTING = "restarting"
     """Another node restarts the job's workers; every node starts the next attempt together
     (``static``, whose one set of members otherwise never changes)."""
+    STORE_LOST = "store_lost"
+    """The rendezvous store's server is gone (its host left or died): the job cannot go on."""
 
 
 @dataclass(frozen=True, slots=True)

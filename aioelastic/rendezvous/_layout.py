@@ -9,7 +9,9 @@ Keys are relative to the run's namespace (``rdzv/<run_id>/``):
   (:func:`counted_arrival`); either way the doorbell of that round as the inbox of round
   ``r - 1``; ``round/<r>/result``: the
   sealed :class:`RoundResult`, or ``closed``; ``round/<r>/lost/<node>``: a member of round
-  ``r - 1`` reported gone;
+  ``r - 1`` reported gone; ``round/<r>/seen/<node>``: a participant read the end of round
+  ``r - 1`` (closed, or a participant lost; the store's host waits for these before it
+  leaves, :mod:`._ending`);
 * ``node/<node>/alive``: the liveness key, written with a TTL (:func:`encode_alive`).
 
 Pure: no I/O. The protocol that reads and writes these keys is :mod:`._machine`.
@@ -76,6 +78,11 @@ def result_key(round_: int) -> str:
 def lost_key(round_: int, node: int) -> str:
     """Where a member of round ``round_ - 1`` is reported gone."""
     return f"round/{round_}/lost/{node}"
+
+
+def seen_key(round_: int, node: int) -> str:
+    """Where a participant says it read the end (a close, a loss) in round ``round_``."""
+    return f"round/{round_}/seen/{node}"
 
 
 def alive_prefix(node: int | None = None) -> str:

@@ -9,6 +9,7 @@ a local syscall that answers at once, so it runs on the event loop. A name is re
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import struct
@@ -111,3 +112,18 @@ async def endpoint_is_local(host: str, local_addr: str | None = None) -> bool:
         return False
     resolved = {str(info[4][0]) for info in infos}
     return any(address in mine or _is_loopback(address) for address in resolved)
+
+
+@functools.cache
+def local_hostname() -> str:
+    """This host's fully qualified name (computed once: it may need DNS)."""
+    return socket.getfqdn(socket.gethostname())
+
+
+def free_port(addr: str) -> int:
+    """A TCP port free on ``addr`` now (for the workers' own store on rank 0)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    bind_addr = addr if addr in ("127.0.0.1", "::1") else ""
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((bind_addr, 0))
+        return int(sock.getsockname()[1])

@@ -34,7 +34,7 @@ from aioelastic.store._etcd_events import (
 from aioelastic.store._memory import MemoryStore, MemoryStoreStatistics
 from aioelastic.store._prefix import PrefixStore
 from aioelastic.store._relay import RelayStatistics
-from aioelastic.store._tcp_client import TCPStore
+from aioelastic.store._tcp_client import StoreServerGone, TCPStore
 from aioelastic.store._tcp_server import TCPStoreServer, TCPStoreServerStatistics
 from aioelastic.store._torch_listener import TorchStoreListener
 from aioelastic.store._torch_session import TorchServiceStatistics
@@ -73,6 +73,7 @@ __all__ = [
     "StoreOutcomeUnknownError",
     "StoreProtocolError",
     "StoreRefusedError",
+    "StoreServerGone",
     "StoreTimeoutError",
     "StoreValueError",
     "TCPStore",

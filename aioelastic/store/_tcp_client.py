@@ -17,6 +17,9 @@ if one was sent and its reply never came, it raises :class:`StoreOutcomeUnknownE
 re-sending could apply it twice. If the server restarted (a new epoch), its keys are gone and
 every pending call fails with :class:`StoreConnectionError` instead of being re-sent. Once
 reconnecting has failed for ``connect_timeout``, new calls fail at once until it succeeds.
+A server that is gone answers at once: when every attempt to reconnect since the drop was
+refused (or reset, on every address), the client says so (:attr:`TCPStore.server_gone`, and a
+:class:`StoreServerGone` event to subscribers) and goes on trying in the background.
 
 A connection can also stop answering without closing (a network partition: TCP retransmits
 for minutes). With ``request_timeout``, a call that is not a wait gets no more than that for
@@ -28,16 +31,19 @@ re-sends what is safe, so the waits held on the dead connection move to the new 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import random
+import re
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Self
 
 import anyio
 import anyio.abc
 
+from aioelastic._subscribers import Subscribers
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._client_core import ClientHandshake, check_reply
 from aioelastic.store._errors import (
@@ -83,6 +89,35 @@ _ENCODE = request_encoders()
 
 _UNSAFE_TO_RESEND = frozenset({Op.ADD, Op.COMPARE_SET, Op.APPEND, Op.DELETE_KEY})
 """Operations that could be applied twice if re-sent after a lost reply."""
+
+_REFUSED = frozenset({errno.ECONNREFUSED, errno.ECONNRESET})
+
+
+def refused(error: BaseException) -> bool:
+    """Whether a failed connection attempt was refused or reset: on every address it tried (a
+    name with several addresses fails with one error naming each), so nothing listens there."""
+    if isinstance(error, ConnectionRefusedError | ConnectionResetError):
+        return True
+    cause = error.__cause__
+    if isinstance(cause, BaseExceptionGroup):  # anyio: one error an address, as the cause
+        return all(refused(each) for each in cause.exceptions)
+    if isinstance(cause, OSError):
+        return refused(cause)
+    if not isinstance(error, OSError):
+        return False
+    if error.errno is not None:
+        return error.errno in _REFUSED
+    codes = re.findall(r"\[Errno (\d+)\]", str(error))
+    return bool(codes) and all(int(code) in _REFUSED for code in codes)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreServerGone:
+    """Every attempt to reconnect to the store's server since the connection dropped was
+    refused: nothing listens at ``endpoint`` any more (the process serving it ended)."""
+
+    endpoint: str
+    detail: str
 
 
 @dataclass(slots=True, eq=False)
@@ -150,11 +185,23 @@ class TCPStore(Store):
         self._closed = False
         self._frame_limit = max_frame_size  # lowered to the server's at the handshake
         self._unreachable: str | None = None  # why reconnecting last gave up, until it succeeds
+        self._gone: str | None = None  # every reconnection refused since the drop: why
+        self._subscribers: Subscribers[StoreServerGone] = Subscribers(log, "store event")
         self._timing: CallTiming = EventTiming()  # set for the loop on entry
 
     @property
     def endpoint(self) -> str:
         return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def server_gone(self) -> str | None:
+        """Why the server is gone (every reconnection since the drop was refused), or None."""
+        return self._gone
+
+    def subscribe(self, callback: Callable[[StoreServerGone], None]) -> Callable[[], None]:
+        """Call ``callback`` with every later :class:`StoreServerGone`; return a function that
+        unsubscribes it."""
+        return self._subscribers.add(callback)
 
     # -- connection management ----------------------------------------------------------------
 
@@ -235,8 +282,9 @@ class TCPStore(Store):
                 await connection.send(answer)
         return handshake.welcome
 
-    async def _connect(self, within: float) -> ClientConnection:
-        """Connect, retrying with exponential backoff for up to ``within`` seconds."""
+    async def _connect(self, within: float, *, again: bool = False) -> ClientConnection:
+        """Connect, retrying with exponential backoff for up to ``within`` seconds (``again``:
+        after a drop, when refusals say the server is gone)."""
         deadline = anyio.current_time() + within
         delay = _BACKOFF_FIRST
         closed_after_tls = ""
@@ -244,7 +292,9 @@ class TCPStore(Store):
             try:
                 remaining = max(deadline - anyio.current_time(), 0)
                 with anyio.fail_after(min(remaining, self.request_timeout or remaining)):
-                    return await self._connect_once()
+                    connection = await self._connect_once()
+                self._gone = None
+                return connection
             except StoreRefusedError:
                 raise
             except (
@@ -255,6 +305,8 @@ class TCPStore(Store):
                 StoreProtocolError,
             ) as error:
                 reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+                if again:
+                    self._attempt_failed(error, reason)
                 if self.ssl is not None and isinstance(error, anyio.EndOfStream):
                     # TLS 1.3 lets a client finish its handshake before the server checks
                     # the client's certificate; a refused one then just sees the close.
@@ -272,6 +324,20 @@ class TCPStore(Store):
                 )
             await anyio.sleep(pause)
             delay = min(delay * 2, _BACKOFF_MAX)
+
+    def _attempt_failed(self, error: BaseException, reason: str) -> None:
+        """Note how a reconnection attempt failed: refused means gone (said once), anything
+        else (a timeout: maybe a partition) means the server may be alive."""
+        closed = isinstance(error, anyio.EndOfStream | anyio.BrokenResourceError)
+        if not (refused(error) or (closed and self.ssl is None)):  # (closed: it went away)
+            self._gone = None
+            return
+        if self._gone is None:
+            self._gone = (
+                f"the store server at {self.endpoint} is gone: reconnecting was refused ({reason})"
+            )
+            log.info("store %s: %s", self.endpoint, self._gone)
+            self._subscribers.emit(StoreServerGone(self.endpoint, self._gone))
 
     async def _supervise(self, connection: ClientConnection, scope: anyio.CancelScope) -> None:
         """Read replies; when the connection drops, reconnect and re-send what is safe."""
@@ -303,7 +369,7 @@ class TCPStore(Store):
         """Connect again (forever, backing off); fail pending calls if that takes too long."""
         while True:
             try:
-                connection = await self._connect(self.connect_timeout)
+                connection = await self._connect(self.connect_timeout, again=True)
             except StoreRefusedError as error:
                 self._fatal = error
                 self._fail_all(error)

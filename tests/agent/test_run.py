@@ -26,6 +26,7 @@ from tests.agent.conftest import (
 pytestmark = pytest.mark.anyio
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+WORKER_ARGS = (WORKER, "--block-unless-nodes", "3")
 
 
 @pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio")])
@@ -353,3 +354,26 @@ async def test_an_unreachable_etcd_fails_at_once_in_one_line() -> None:
     assert status == 1, run
     assert run.err.text.count("\n") == 1, run
     assert f"no etcd member is reachable (127.0.0.1:{port}: Connection refused)" in run.err.text
+
+
+async def test_the_others_stop_at_once_when_the_store_host_is_killed() -> None:
+    """The agent hosting the c10d store is SIGKILLed: the other ends its run at once, saying
+    the store's host was lost (not fenced after the heartbeat timeout)."""
+    port = free_port()
+    conf = "last_call_timeout=0.5,heartbeat_timeout=30,keep_alive_interval=10,close_timeout=2"
+
+    def argv(is_host: str) -> list[str]:
+        base = c10d_argv(port, "2")
+        return [*base[: base.index("--rdzv-conf") + 1], f"{conf},is_host={is_host}", *WORKER_ARGS]
+
+    with anyio.fail_after(BOUND):
+        async with launched(*argv("true")) as host, launched(*argv("false")) as other:
+            for agent in (host, other):
+                await agent.out.wait_for("pids")
+            host.send_signal(signal.SIGKILL)
+            status = await other.wait()
+        for pid in pids_in(other.out.text):
+            await wait_gone(pid)
+    assert status == 1, other
+    assert "the store's host was lost" in other.err.text
+    assert "fenced" not in other.err.text

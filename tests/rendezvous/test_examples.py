@@ -66,3 +66,23 @@ def test_scale_example_forms_and_re_forms_a_large_job() -> None:
     assert lines[2] == "re-formed: 499 nodes, world size 499"
     calls = [float(line.rsplit(" ", 1)[1]) for line in (lines[1], lines[3])]
     assert all(0 < count < 20 for count in calls)
+
+
+def test_clean_ending_example_closes_every_node_and_names_the_lost_host() -> None:
+    """rendezvous_clean_ending.py: every node CLOSED; after the host left, the others say so."""
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "rendezvous_clean_ending.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,  # generous: the example needs a few seconds
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert sorted(lines[:3]) == ["a: CLOSED", "b: CLOSED", "c: CLOSED"]
+    assert sorted(lines[3:]) == [
+        "b: PARTICIPANT_LOST",
+        "b: the store's host was lost",
+        "c: PARTICIPANT_LOST",
+        "c: the store's host was lost",
+    ]
+    assert done.stderr == ""

@@ -14,9 +14,11 @@ from aioelastic.store import (
     StoreConnectionError,
     StoreOutcomeUnknownError,
     StoreProtocolError,
+    StoreServerGone,
     TCPStore,
     TCPStoreServer,
 )
+from aioelastic.store._tcp_client import refused
 from aioelastic.store._tcp_codec import (
     PREAMBLE_SIZE,
     FrameReader,
@@ -325,3 +327,59 @@ async def test_malformed_reply_fails_only_its_call() -> None:
                 await store.add("n", 1)
         tg.cancel_scope.cancel()
     assert [request.op for request in requests].count(Op.ADD) == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "gone"),
+    [
+        (ConnectionRefusedError(111, "Connect call failed"), True),
+        (ConnectionResetError(104, "reset"), True),
+        (
+            OSError("Multiple exceptions: [Errno 111] Connect call failed, [Errno 111] Connect"),
+            True,
+        ),
+        (
+            OSError("Multiple exceptions: [Errno 111] Connect call failed, [Errno 113] no route"),
+            False,
+        ),
+        (TimeoutError(), False),
+        (OSError(113, "No route to host"), False),
+    ],
+)
+def test_a_server_is_gone_only_when_every_address_refused(error: OSError, gone: bool) -> None:
+    """Refused or reset on every address means nothing listens; a timeout or no route may be
+    a partition."""
+    assert refused(error) is gone
+
+
+def test_anyios_all_attempts_failed_is_judged_by_its_causes() -> None:
+    """anyio (trio's connect) reports one error per address as the cause of its own."""
+    every = OSError("All connection attempts failed")
+    every.__cause__ = ExceptionGroup(
+        "x", [ConnectionRefusedError(111, "a"), ConnectionRefusedError(111, "b")]
+    )
+    mixed = OSError("All connection attempts failed")
+    mixed.__cause__ = ExceptionGroup("x", [ConnectionRefusedError(111, "a"), TimeoutError()])
+    assert (refused(every), refused(mixed)) == (True, False)
+
+
+async def test_a_stopped_server_is_reported_gone_then_back(clock: ManualClock) -> None:
+    """The server stops: the client says it is gone (once, with the refusal); a server back on
+    the port clears it once the client reconnects."""
+    events: list[StoreServerGone] = []
+    server = TCPStoreServer(clock=clock)
+    async with anyio.create_task_group() as tg:
+        running = await Running.start(tg, server)
+        async with TCPStore("127.0.0.1", server.port, connect_timeout=60) as store:
+            told = anyio.Event()
+            store.subscribe(lambda event: (events.append(event), told.set()))
+            assert store.server_gone is None
+            await running.stop()
+            with anyio.fail_after(10):  # generous: the first reconnection is refused at once
+                await told.wait()
+            assert store.server_gone is not None
+            assert "is gone: reconnecting was refused" in store.server_gone
+            async with TCPStoreServer(port=server.port, clock=clock):
+                await store.set("k", b"v")
+                assert store.server_gone is None
+                assert [event.endpoint for event in events] == [store.endpoint]
