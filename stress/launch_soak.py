@@ -42,6 +42,8 @@ BOUND = 120.0
 AIOELASTIC = (sys.executable, "-m", "aioelastic", "run")
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 TAG = "AIOELASTIC_SOAK_TAG"
+TORCHRUNS = ("standalone", "static", "c10d")
+"""Topologies torchrun has a cell of (its etcd backend speaks etcd's v2 API, not run here)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,8 @@ class Cell:
     launcher: str
     """``aioelastic`` or ``torchrun``."""
     topology: str
-    """``standalone``, ``static`` (2 nodes), ``c10d`` or ``etcd`` (3 agents)."""
+    """``standalone``, ``static`` (2 nodes), ``c10d`` or ``etcd`` (3 agents), or ``embedded``
+    (the README's embedded rendezvous in 3 processes, closed by rank 0: no launcher, no worker)."""
     nproc: int = 1
     recovery: str = "restart"
     kill: bool = False
@@ -63,6 +66,8 @@ class Cell:
 
     @property
     def name(self) -> str:
+        if self.topology == "embedded":
+            return f"{self.launcher} embedded rendezvous 3 processes closed"
         parts = [self.launcher, self.topology, f"{self.nproc}w"]
         parts += [self.recovery] if self.kill else []
         parts += ["kill-9" if self.kill else "clean"]
@@ -87,11 +92,12 @@ def matrix() -> list[Cell]:
         Cell("aioelastic", "c10d", 1, recovery="in-place", kill=True),
         Cell("aioelastic", "etcd", 1),
         Cell("aioelastic", "etcd", 1, kill=True),
+        Cell("aioelastic", "embedded"),
     ]
     theirs = [
         Cell("torchrun", cell.topology, cell.nproc, cell.recovery, cell.kill)
         for cell in ours
-        if cell.recovery == "restart" and not cell.token and cell.topology != "etcd"
+        if cell.recovery == "restart" and not cell.token and cell.topology in TORCHRUNS
     ]
     return ours + theirs
 
@@ -174,6 +180,8 @@ def kill_all(tag: str) -> list[int]:
 
 def run_once(cell: Cell, workdir: Path, etcd_endpoints: str | None = None) -> Outcome:
     """Launch one run of ``cell`` and judge it."""
+    if cell.topology == "embedded":
+        return embedded_once()
     tag = uuid.uuid4().hex
     port = free_port()
     extra: list[str] = []
@@ -235,6 +243,20 @@ def run_once(cell: Cell, workdir: Path, etcd_endpoints: str | None = None) -> Ou
     else:
         verdict = "ok"
     return Outcome(verdict, seconds, console if verdict != "ok" else "")
+
+
+def embedded_once() -> Outcome:
+    """One run of the README's embedded rendezvous (see ``stress.embedded_rendezvous``)."""
+    from stress.embedded_rendezvous import run_embedded_rendezvous
+
+    started = time.monotonic()
+    failures = run_embedded_rendezvous(1, 3, timeout=BOUND)
+    seconds = time.monotonic() - started
+    if not failures:
+        return Outcome("ok", seconds)
+    failure = failures[0]
+    verdict = "hung" if "outlived" in failure.reason else "failed"
+    return Outcome(verdict, seconds, "\n".join([failure.reason, *failure.outputs]))
 
 
 @contextlib.contextmanager
