@@ -58,7 +58,8 @@ def subclasses(base: type) -> set[str]:
 
 def test_the_parts_mark_the_same_events_as_warnings_as_before() -> None:
     """The events logged at WARNING are those the kind-name list used to hold, plus the ones
-    added since (a worker restarted to leave its world, a fork template lost)."""
+    added since (a worker restarted to leave its world, a fork template lost, a straggler
+    named, a preemption noticed)."""
     assert subclasses(WarningEvent) == {
         "WorkerFailed",
         "WorkerReaped",
@@ -73,6 +74,8 @@ def test_the_parts_mark_the_same_events_as_warnings_as_before() -> None:
         "EtcdLeaseLost",
         "WorkerRestartedToLeave",
         "TemplateLost",
+        "StragglerDetected",
+        "PreemptionNoticed",
     }
 
 
