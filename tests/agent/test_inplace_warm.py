@@ -42,6 +42,9 @@ async def test_a_spare_imports_what_the_workers_loaded_in_their_first_step(
             victim = int(re.findall(r"gen 1 rank 1 pid (\d+)", run.out.text)[0])
             os.kill(victim, signal.SIGKILL)
             await run.out.wait_for("gen 2 rank 1 pid")
+            # the survivor is in generation 2 too: one still in generation 1 that saw FILE
+            # would end its training there, while generation 2 forms
+            await run.out.wait_for("gen 2 rank 0 pid")
             finish.touch()
             status = await run.wait()
     assert status == 0, run
