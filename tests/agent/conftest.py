@@ -179,6 +179,19 @@ async def launched(
     await process.aclose()
 
 
+def static_argv(port: int, node_rank: int, *rest: str) -> list[str]:
+    """``aioelastic run`` flags of one node of a static 2-node job with one worker a node, its
+    store at ``127.0.0.1:PORT``, then ``rest`` (more flags, the script)."""
+    return [
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        f"--node-rank={node_rank}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        *rest,
+    ]
+
+
 def free_port() -> int:
     """A TCP port free on loopback right now."""
     with socket.socket() as sock:

@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from aioelastic.agent._env import WORKER_SITE, worker_site_env
-from tests.agent.conftest import BOUND, free_port, launched
+from tests.agent.conftest import BOUND, free_port, launched, static_argv
 
 WORKERS = Path(__file__).parent / "workers"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -91,14 +91,7 @@ async def test_a_static_job_hands_workers_the_master_address_and_destroys_at_exi
     port = free_port()
 
     def argv(node_rank: int) -> list[str]:
-        return [
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            f"--node-rank={node_rank}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
-            str(WORKERS / "exit_probe.py"),
-        ]
+        return static_argv(port, node_rank, str(WORKERS / "exit_probe.py"))
 
     with anyio.fail_after(BOUND * 2):
         async with launched(*argv(0)) as first, launched(*argv(1)) as second:

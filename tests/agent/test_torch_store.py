@@ -14,7 +14,7 @@ from aioelastic.agent import WorkerSpecError
 from aioelastic.agent._worker_store import WorkerStore
 from aioelastic.rendezvous import RendezvousParameters
 from aioelastic.rendezvous._static import StaticRendezvousHandler
-from tests.agent.conftest import BOUND, free_port, launched
+from tests.agent.conftest import BOUND, free_port, launched, static_argv
 
 pytestmark = [
     pytest.mark.anyio,
@@ -84,15 +84,7 @@ async def test_exposed_static_store_is_exactly_the_master_address_and_port() -> 
     port = free_port()
 
     def argv(node_rank: int) -> list[str]:
-        return [
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            f"--node-rank={node_rank}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
-            "--expose-torch-store",
-            EXAMPLE,
-        ]
+        return static_argv(port, node_rank, "--expose-torch-store", EXAMPLE)
 
     with anyio.fail_after(BOUND * 2):
         async with launched(*argv(0)) as first, launched(*argv(1)) as second:
@@ -111,15 +103,12 @@ async def test_a_static_restart_is_job_wide_and_reads_no_stale_address() -> None
     port = free_port()
 
     def argv(node_rank: int) -> list[str]:
-        return [
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            f"--node-rank={node_rank}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
+        return static_argv(
+            port,
+            node_rank,
             "--max-restarts=1",
             str(Path(__file__).parent / "workers" / "static_restart.py"),
-        ]
+        )
 
     with anyio.fail_after(BOUND * 2):
         async with launched(*argv(0)) as first, launched(*argv(1)) as second:
