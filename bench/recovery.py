@@ -46,7 +46,8 @@ WORKER = str(ROOT / "bench" / "_recovery_worker.py")
 DDP_WORKER = str(ROOT / "bench" / "_recovery_ddp_worker.py")
 BOUND = 120.0
 """Seconds one run may take before it counts as not recovered (torchrun hung here before)."""
-STEPS, STEP_TIME = "60", "0.02"
+STEPS, STEP_TIME = "1000000", "0.02"
+"""The all_reduce job too runs until the benchmark has its figures."""
 DDP_STEPS = "1000000"
 """The DDP job runs until the benchmark has its figures (it is stopped then)."""
 MODELS = {"mlp": (64, 256, 2), "100m": (4096, 4096, 6)}
@@ -62,6 +63,8 @@ def launcher(mode: str, nproc: int, events: Path) -> list[str]:
     if mode == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", *flags, "--max-restarts", "1"]
     base = [sys.executable, "-m", "aioelastic", "run", *flags, "--events-file", str(events)]
+    if mode == "restart-plain":
+        return [*base, "--max-restarts", "1", "--fork-template", "off"]
     if mode == "restart":
         return [*base, "--max-restarts", "1"]
     spares = ["--spares", "1"] if mode == "spare" else []
@@ -81,6 +84,22 @@ def read_events(path: Path) -> list[dict[str, object]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def template_holds(events: Path, mode: str, ddp: bool) -> bool:
+    """Whether the node's fork template imported what a new worker of ``mode`` needs warm
+    (``TemplateLearned`` events): torch, and for an in-place replacement under DDP the
+    ``torch._dynamo`` that DDP's first call loads. A job runs a while before it fails; the
+    benchmark waits for what the agent learns in that while (torchrun learns nothing)."""
+    if mode not in ("restart", "new"):
+        return True
+    learned = {
+        name
+        for record in read_events(events)
+        if record["kind"] == "TemplateLearned" and isinstance(record["event"], dict)
+        for name in record["event"]["modules"]  # type: ignore[union-attr]
+    }
+    return "torch" in learned and (not ddp or mode != "new" or "torch._dynamo" in learned)
 
 
 def wait_until(check: Callable[[], bool], process: subprocess.Popen[bytes], bound: float) -> bool:
@@ -135,8 +154,11 @@ def measure(
         asking = [m for m in read_marks(out) if m["name"] == "asking"]
         return mode != "spare" or len(asking) > nproc
 
-    if not wait_until(lambda: len(firsts(1)) == nproc and spare_waiting(), process, BOUND):
-        return "did not start"
+    def started() -> bool:
+        return len(firsts(1)) == nproc and spare_waiting() and template_holds(events, mode, False)
+
+    if not wait_until(started, process, BOUND):
+        return "did not start (or the spare or the template did not warm)"
     victim = next(int(str(m["pid"])) for m in firsts(1) if m["rank"] == nproc // 2)
     killed = time.time()
     os.kill(victim, signal.SIGKILL)
@@ -188,10 +210,11 @@ def measure_ddp(
     def ready() -> bool:
         done = steps(1)
         warm = mode != "spare" or any(m["name"] == "warm" for m in read_marks(out))
+        warm = warm and template_holds(events, mode, True)
         return len(done) == nproc and min(done.values()) >= 2 * every and warm
 
     if not wait_until(ready, process, BOUND * 3):
-        return "did not start (or the spare did not warm)"
+        return "did not start (or the spare or the template did not warm)"
     # Kill half way between two checkpoints: a restart then re-does about every/2 steps.
     if not wait_until(lambda: steps(1).get(0, 0) % every == every // 2, process, BOUND):
         return "did not reach the kill step"
@@ -254,6 +277,7 @@ MODES = {
     "spare": "in-place, warm spare",
     "new": "in-place, new process",
     "restart": "restart (aioelastic)",
+    "restart-plain": "restart, --fork-template off",
     "torchrun": "restart (torchrun)",
 }
 STAGES = ("detect", "announce", "form", "process group", "state transfer", "first collective")

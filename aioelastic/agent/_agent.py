@@ -72,6 +72,7 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup
 from aioelastic.agent._guardian import Guardian, guardian_for
+from aioelastic.agent._learned import watch as watch_loaded
 from aioelastic.agent._logs import console_writer, make_run_log_dir
 from aioelastic.agent._policy import Decision, Step, after_attempt
 from aioelastic.agent._preemption import Preemption, watch_file
@@ -302,6 +303,9 @@ class ElasticAgent(Service):
                 await tg.start(self._worker_store.serve)
                 self._step_times_changed = anyio.Event()
                 tg.start_soon(self._show_step_times)
+                if self._template is not None and self._template.learning:
+                    learn = self._template.learn
+                    tg.start_soon(watch_loaded, self._worker_pids, self._reported_modules, learn)
                 task_status.started()
                 with anyio.CancelScope() as self._main_scope:
                     if self._stop_signal is None:
@@ -325,18 +329,26 @@ class ElasticAgent(Service):
 
     @asynccontextmanager
     async def _fork_template(self) -> AsyncIterator[Template | None]:
-        """The node's fork template (``spec.preload``), started now so that its imports run
-        while the agent rendezvouses; None without preloading."""
-        if not self.spec.preload:
-            yield None
-            return
+        """The node's fork template: with ``spec.preload`` started now, so that its imports
+        run while the agent rendezvouses; learning (``spec.fork_template``), started once
+        the workers loaded something worth it. None when workers cannot be forked."""
         from aioelastic.agent._process import die_with_agent_prefix
         from aioelastic.agent._template import Template, python_command, template_env
 
         spec = self.spec
+        learn = spec.fork_template == "auto" and spec.numa_binding is None
+        try:
+            command = python_command(spec.argv) if spec.preload or learn else None
+        except ValueError as exc:  # not a Python script: the spec checked --preload's case
+            logger.debug("workers start plainly (no fork template): %s", exc)
+            command = None
+        if command is None:
+            yield None
+            return
         template = Template(
-            python_command(spec.argv),
+            command,
             spec.preload,
+            learn=learn,
             env=template_env(os.environ, spec.env, spec.local_world_size),
             emit=self._emit,
             guardian=self._guardian,
@@ -668,6 +680,14 @@ class ElasticAgent(Service):
             self._workers_started += len(group.workers)
             self._worker_failures += len(group.failures())
         return group, outcome, detail
+
+    def _worker_pids(self) -> list[int]:
+        """The pids of the attempt's workers (none between attempts)."""
+        group = self._group
+        return [] if group is None else [worker.process.pid for worker in group.workers]
+
+    def _reported_modules(self) -> list[str]:
+        return self._attempts.warm_modules
 
     def _shutdown_signal(self) -> int | None:
         """What the group's workers still running get when it stops: the shutdown signal, or

@@ -347,6 +347,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="import these modules once per node in a fork template; every worker (start, "
         "restart, replacement, spare) is a fork of it and imports nothing again",
     )
+    option(
+        "--fork-template",
+        default="auto",
+        type=_one_of("auto", "off"),
+        help="auto: a fork template per node imports what the workers load (learned while they "
+        "run), and later starts (restart, replacement, spare) fork from it, the first start "
+        "staying a plain one as torchrun's; off: every worker starts plainly unless --preload",
+    )
     # torchrun 2.13's newer flags
     option(
         "--event-log-handler",

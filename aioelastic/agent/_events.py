@@ -341,6 +341,18 @@ class TemplateReady:
 
 
 @dataclass(frozen=True, slots=True)
+class TemplateLearned:
+    """The fork template imported what the workers had loaded (``--fork-template auto``):
+    ``modules`` now, ``left_out`` (their import would start a thread); the next workers
+    fork from it."""
+
+    pid: int
+    modules: tuple[str, ...]
+    left_out: tuple[str, ...]
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class TemplateLost(WarningEvent):
     """The fork template died or can fork no more (``reason``). ``restarting``: a new one is
     starting and workers start plainly until it is ready; otherwise every worker of the rest
@@ -383,6 +395,7 @@ AgentEvent = (
     | StepTimes
     | StragglerDetected
     | TemplateReady
+    | TemplateLearned
     | TemplateLost
     | RunFinished
     | LogDirectoryCreated

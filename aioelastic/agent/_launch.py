@@ -84,6 +84,7 @@ class LaunchConfig:
     """Added to each worker's environment (a Python worker's exit hook)."""
     preemption_file: str | None = None
     preload: tuple[str, ...] = ()
+    fork_template: str = "auto"
 
 
 def resolve_nproc(value: int | str) -> int:
@@ -274,6 +275,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         env=env,
         preemption_file=args.preemption_file,
         preload=args.preload,
+        fork_template=args.fork_template,
     )
 
 
@@ -371,10 +373,24 @@ def describe(event: AgentEvent) -> str | None:
             )
         case ev.SpareStarted():
             return f"started a spare worker: pid {event.pid}"
+        case ev.TemplateReady() if not event.modules:
+            return f"fork template started: pid {event.pid}, to import what the workers load"
         case ev.TemplateReady():
             return (
                 f"fork template ready: pid {event.pid} preloaded {','.join(event.modules)} "
                 f"in {event.seconds:.2f} s"
+            )
+        case ev.TemplateLearned():
+            left_out = (
+                f"; left out {len(event.left_out)} whose import starts a thread "
+                f"({_some(event.left_out)})"
+                if event.left_out
+                else ""
+            )
+            return (
+                f"fork template (pid {event.pid}) imported {len(event.modules)} module(s) the "
+                f"workers loaded ({_some(event.modules)}) in {event.seconds:.2f} s{left_out}: "
+                "the next workers fork from it"
             )
         case ev.TemplateLost():
             then = (
@@ -442,6 +458,13 @@ async def unreachable_etcd(endpoints: str) -> str | None:
             await stream.aclose()
             return None
     return "; ".join(reasons)
+
+
+def _some(modules: Sequence[str], shown: int = 4) -> str:
+    """The first few top-level packages among ``modules``, for a log line."""
+    packages = list(dict.fromkeys(name.partition(".")[0] for name in modules))
+    more = f", and {len(packages) - shown} more" if len(packages) > shown else ""
+    return ", ".join(packages[:shown]) + more
 
 
 def print_event_line(record: EventRecord) -> None:
@@ -613,6 +636,7 @@ async def _run(config: LaunchConfig, guardian: Guardian) -> int:
                         },
                         preemption_file=config.preemption_file,
                         preload=config.preload,
+                        fork_template=config.fork_template,
                     )
                     router.agent = ElasticAgent(
                         spec,

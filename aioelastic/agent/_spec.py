@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 RECOVERY_MODES = ("restart", "in-place")
 TORCH_STORE_MODES = ("loopback", "expose")
+FORK_TEMPLATE_MODES = ("auto", "off")
 """What a worker's failure costs: a restart of the group, or only that worker's replacement."""
 
 DEFAULT_LINE_PREFIX = "[${rank}]: "
@@ -170,6 +171,11 @@ class WorkerSpec:
     preload: tuple[str, ...] = ()
     """Modules a fork template imports once per node; workers are then its forks (``--preload``,
     see ``_template.py``). Needs a Python entrypoint."""
+    fork_template: str = "auto"
+    """``auto``: the agent learns what its workers load and a fork template imports it, so
+    that the later starts (restart, replacement, spare) fork from a warm process; a worker
+    that cannot be forked (not ``python script``/``-m module``, or bound by numactl) always
+    starts plainly. ``off``: only ``preload`` makes a template (``--fork-template``)."""
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERY_MODES:
@@ -196,6 +202,8 @@ class WorkerSpec:
                 raise WorkerSpecError(name, value, "must be a non-negative number of seconds")
         if not self.role:
             raise WorkerSpecError("role", self.role, "must be a non-empty name")
+        if self.fork_template not in FORK_TEMPLATE_MODES:
+            raise WorkerSpecError("fork_template", self.fork_template, "must be 'auto' or 'off'")
         if self.preload:
             self._check_preload()
 

@@ -23,6 +23,13 @@ template that dies (its workers die with it: the parent-death signal) is restart
 workers plainly. Each of those is a :class:`~aioelastic.agent._events.TemplateLost` event.
 Modules that cannot be preloaded at the start fail the launch (:class:`PreloadError`): the
 job never silently runs without them.
+
+Learning (``--fork-template auto``, the default): the agent tells :meth:`Template.learn` what
+its workers had loaded (``_learned.py``), and the template imports it leniently (a failing
+import is skipped, one that would start a thread left out, in ``_template_main.learn_all``).
+Without ``--preload`` the template starts only then, so the first workers start plainly, as
+torchrun's do, and the later ones (restart, replacement, spare) fork from a warm process. A
+replacement template imports the learned modules again.
 """
 
 from __future__ import annotations
@@ -48,9 +55,10 @@ from anyio.abc import TaskGroup
 
 from aioelastic.agent import _template_codec as codec
 from aioelastic.agent._errors import AgentError
-from aioelastic.agent._events import AgentEvent, TemplateLost, TemplateReady
+from aioelastic.agent._events import AgentEvent, TemplateLearned, TemplateLost, TemplateReady
 from aioelastic.agent._guardian import Guardian
 from aioelastic.agent._guardian_main import TOKEN_VARIABLE
+from aioelastic.agent._learned import worth_a_template
 from aioelastic.agent._template_codec import check_module_names
 from aioelastic.agent._template_main import script_path0
 
@@ -148,6 +156,7 @@ class TemplateStatistics:
     forks: int
     plain_starts: int
     starts: int
+    learned: tuple[str, ...] = ()
 
 
 class _Process:
@@ -158,6 +167,8 @@ class _Process:
         self.control = control
         self.started = time.monotonic()
         self.ready = False
+        self.learned: set[str] = set()
+        """The learned names this process was asked to import."""
         self.reading = anyio.CancelScope()
         """Cancelled when the agent gives this template up: its reader closes the socket."""
 
@@ -181,6 +192,7 @@ class Template:
         command: PythonCommand,
         modules: Sequence[str],
         *,
+        learn: bool = False,
         env: Mapping[str, str],
         emit: Callable[[AgentEvent], None],
         guardian: Guardian | None = None,
@@ -189,6 +201,16 @@ class Template:
     ) -> None:
         self.command = command
         self.modules = check_module_names(modules)
+        """The modules named to preload (and :meth:`import_modules`): they must import."""
+        self.learned: tuple[str, ...] = ()
+        """What :meth:`learn` was told, less what the template left out (it would start a
+        thread); a name that failed to import is in it too (the worker's import says why)."""
+        self._learning = learn
+        self._preloading = bool(self.modules)
+        self._wanted: dict[str, None] = {}
+        self._rejected: set[str] = set()
+        self._wake_learner = anyio.Event()
+        """Set when more is wanted, or a new template started (it has nothing learned yet)."""
         self._env = dict(env) if guardian is None else {**env, TOKEN_VARIABLE: guardian.token}
         self._emit = emit
         self._prefix = tuple(prefix)
@@ -217,8 +239,13 @@ class Template:
     def statistics(self) -> TemplateStatistics:
         """A snapshot of the counters."""
         return TemplateStatistics(
-            self.pid, self.modules, self.forks, self.plain_starts, self._starts
+            self.pid, self.modules, self.forks, self.plain_starts, self._starts, self.learned
         )
+
+    @property
+    def learning(self) -> bool:
+        """Whether :meth:`learn` imports what it is told (``--fork-template auto``)."""
+        return self._learning
 
     @property
     def available(self) -> bool:
@@ -229,7 +256,10 @@ class Template:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:
-            self._start()
+            if self._preloading:
+                self._start()
+            if self._learning:
+                self._tg.start_soon(self._learn_wanted)
         except BaseException:
             await self.__aexit__(None, None, None)
             raise
@@ -274,12 +304,16 @@ class Template:
         ours.setblocking(False)
         self._process = _Process(popen, ours)
         self._starts += 1
+        self._wake_learner.set()
         assert self._tg is not None
         self._tg.start_soon(self._read, self._process)
 
     async def wait_ready(self) -> None:
         """Wait until the template has imported its modules; raise :class:`PreloadError` if
-        they cannot be preloaded (the launch fails: the job never runs without them)."""
+        they cannot be preloaded (the launch fails: the job never runs without them). A
+        template that only learns has nothing to wait for."""
+        if not self._preloading:
+            return
         while self._first_answer is None:
             await self._wait_arrival()
         answer = self._first_answer
@@ -383,6 +417,65 @@ class Template:
         if not isinstance(reply, codec.Imported):
             raise PreloadError(names, "the template is gone")
         self.modules = (*self.modules, *(n for n in names if n not in self.modules))
+
+    def learn(self, names: Sequence[str]) -> None:
+        """Have the template import ``names`` too (what running workers had loaded), in the
+        background and leniently; a template that only learns starts with the first names
+        worth it (:func:`~aioelastic.agent._learned.worth_a_template`)."""
+        new = [
+            name
+            for name in names
+            if name not in self._wanted and all(part.isidentifier() for part in name.split("."))
+        ]
+        if self._learning and new:
+            self._wanted.update(dict.fromkeys(new))
+            self._wake_learner.set()
+
+    async def _learn_wanted(self) -> None:
+        """Bring each template (this one, a replacement) up to what :meth:`learn` was told,
+        one lenient import at a time."""
+        while True:
+            process = self._process
+            missing = [name for name in self._wanted if name not in self._rejected]
+            if process is not None:
+                missing = [name for name in missing if name not in process.learned]
+            if not missing:
+                await self._wake_learner.wait()
+                self._wake_learner = anyio.Event()
+            elif process is None:
+                if self._starts > 0 or not worth_a_template(missing):
+                    await self._wake_learner.wait()  # gone for good, or not worth one yet
+                    self._wake_learner = anyio.Event()
+                else:
+                    self._start()
+            elif not process.ready or self._importing:
+                await self._wait_arrival()
+            else:
+                await self._import_learned(process, missing)
+
+    async def _import_learned(self, process: _Process, names: list[str]) -> None:
+        request_id = self._take_id()
+        self._importing = True
+        started = time.monotonic()
+        try:
+            process.control.send(codec.encode(codec.Import(request_id, tuple(names), True)))
+            reply = await self._wait_async(process, request_id)
+        except OSError as exc:
+            self._lost(process, f"could not send it modules to import: {exc}")
+            return
+        finally:
+            self._importing = False
+        process.learned.update(names)
+        if isinstance(reply, codec.Imported):
+            self._rejected.update(reply.left_out)
+            kept = [name for name in names if name not in reply.left_out]
+            self.learned = tuple(dict.fromkeys([*self.learned, *kept]))
+            took = time.monotonic() - started
+            self._emit(TemplateLearned(process.popen.pid, reply.modules, reply.left_out, took))
+        elif isinstance(reply, codec.Refused):  # fatal: it forks no more; a new one skips them
+            self._rejected.update(names)
+            if reply.fatal:
+                self._lost(process, f"importing what the workers loaded: {reply.reason}")
 
     # -- the socket --------------------------------------------------------------------------
 

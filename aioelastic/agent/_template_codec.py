@@ -9,8 +9,9 @@ answer to request 0, :class:`Ready` (or :class:`Refused`) once its modules are i
 Agent to template: :class:`Fork` (start a worker: its entrypoint, environment, directory and
 where each passed descriptor goes), :class:`Reap` (the worker ``pid`` has exited and its group
 was killed: reap it and say its status), :class:`Import` (import more modules before the next
-fork). Template to agent: :class:`Ready`, :class:`Forked`, :class:`Reaped`, :class:`Imported`,
-:class:`Refused` (the request could not be done, and why).
+fork: strictly, or ``learned`` ones leniently). Template to agent: :class:`Ready`,
+:class:`Forked`, :class:`Reaped`, :class:`Imported`, :class:`Refused` (the request could not
+be done, and why).
 
 Each message is a JSON object with a ``type``; :func:`decode` checks every field's type and
 raises :class:`TemplateCodecError` on anything else, so a corrupt packet is never acted on.
@@ -61,10 +62,13 @@ class Reap:
 
 @dataclass(frozen=True, slots=True)
 class Import:
-    """Import ``modules`` (in order) before the next fork."""
+    """Import ``modules`` (in order) before the next fork. ``learned``: they are what running
+    workers had loaded, not what the user named: a failing import is skipped, and a module
+    whose import would start a thread is left out, instead of refusing."""
 
     id: int
     modules: tuple[str, ...]
+    learned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +99,12 @@ class Reaped:
 
 @dataclass(frozen=True, slots=True)
 class Imported:
-    """The modules of request ``id`` were imported and the template is still safe to fork."""
+    """The modules of request ``id`` were imported and the template is still safe to fork;
+    of learned ones, ``modules`` were imported now and ``left_out`` would start a thread."""
 
     id: int
+    modules: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +171,13 @@ def _strs(fields: dict[str, Any], name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _bool(fields: dict[str, Any], name: str) -> bool:
+    value = fields.get(name, False)
+    if not isinstance(value, bool):
+        raise TemplateCodecError(f"field {name!r} must be a boolean, not {value!r}")
+    return value
+
+
 def _fork(fields: dict[str, Any]) -> Fork:
     env = fields.get("env")
     if not isinstance(env, dict) or not all(
@@ -211,11 +225,10 @@ def decode(data: bytes) -> Message:
     if cls is Fork:
         return _fork(fields)
     if cls is Import:
-        return Import(_int(fields, "id"), _strs(fields, "modules"))
+        return Import(_int(fields, "id"), _strs(fields, "modules"), _bool(fields, "learned"))
+    if cls is Imported:
+        return Imported(_int(fields, "id"), _strs(fields, "modules"), _strs(fields, "left_out"))
     if cls is Refused:
-        fatal = fields.get("fatal", False)
-        if not isinstance(fatal, bool):
-            raise TemplateCodecError(f"field 'fatal' must be a boolean, not {fatal!r}")
-        return Refused(_int(fields, "id"), _str(fields, "reason"), fatal)
+        return Refused(_int(fields, "id"), _str(fields, "reason"), _bool(fields, "fatal"))
     values = {name: _int(fields, name) for name in cls.__dataclass_fields__}
     return cls(**values)  # type: ignore[no-any-return]

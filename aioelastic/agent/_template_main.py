@@ -5,7 +5,8 @@ options] _template_main.py CONFIG`` (exec'd, never forked from the threaded agen
 agent's control socket (``SOCK_SEQPACKET``, see ``_template_codec.py``) as descriptor
 ``CONFIG["fd"]``. It sets ``sys.path[0]`` to what the workers' would be, imports the modules
 to preload, checks that a fork is safe, answers :class:`Ready`, then serves requests one at a
-time: fork a worker, reap one, import more modules.
+time: fork a worker, reap one, import more modules (named ones strictly; learned ones, what
+running workers had loaded, leniently: :func:`learn_all`).
 
 What keeps a fork safe (each checked before every fork; a failed check refuses, naming the
 cause): the template runs no tensor op and never initialises CUDA (``torch.cuda`` must not be
@@ -49,10 +50,12 @@ import logging
 import os
 import random
 import runpy
+import select
 import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -572,15 +575,21 @@ class TemplateServer:
         return codec.Reaped(request.id, request.pid, os.waitstatus_to_exitcode(status))
 
     def import_modules(self, request: codec.Import) -> codec.Reply:
+        imported: list[str] = []
+        left_out: list[str] = []
         with _SeedWatch() as watch:
-            failure = import_all(request.modules)
+            if request.learned:
+                imported, left_out = learn_all(request.modules)
+                failure = None
+            else:
+                failure = import_all(request.modules)
         self.keep_seeds |= user_seeded(watch.random_called, watch.torch_called)
         if failure is not None:
             return codec.Refused(request.id, failure)
         reason = self.settle()
         if reason is not None:
             return codec.Refused(request.id, reason, fatal=True)
-        return codec.Imported(request.id)
+        return codec.Imported(request.id, tuple(imported), tuple(left_out))
 
 
 def import_all(modules: Sequence[str]) -> str | None:
@@ -595,6 +604,96 @@ def import_all(modules: Sequence[str]) -> str | None:
                 f"drop it from --preload (python -c 'import {name}' shows the same error)"
             )
     return None
+
+
+PROBE_TIMEOUT = 300.0
+"""Seconds the throwaway fork of :func:`threaded_imports` may take (torch and its kin)."""
+
+
+def learn_all(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Import what of ``names`` (modules running workers had loaded) a template may hold:
+    a name whose import starts a thread in a throwaway fork (:func:`threaded_imports`) is
+    left out, with every name under it; a failing import is skipped (the worker's own import
+    will say why). (Imported, left out), in order."""
+    pending = [name for name in dict.fromkeys(names) if name not in sys.modules]
+    threaded = threaded_imports(pending)
+    left_out = [name for name in pending if _under(name, threaded)]
+    imported = []
+    for name in pending:
+        if name in sys.modules or _under(name, threaded):
+            continue
+        try:
+            importlib.import_module(name)
+        except (Exception, SystemExit):
+            continue
+        imported.append(name)
+    return imported, left_out
+
+
+def _under(name: str, modules: Collection[str]) -> bool:
+    """Whether ``name`` is one of ``modules`` or a submodule of one (it imports its parent)."""
+    parts = name.split(".")
+    return any(".".join(parts[:n]) in modules for n in range(1, len(parts) + 1))
+
+
+def threaded_imports(names: Sequence[str], timeout: float = PROBE_TIMEOUT) -> set[str]:
+    """The modules among ``names`` whose import starts a thread (with every module that import
+    loaded), found by importing them in order in a throwaway fork of this (single-threaded)
+    process, which stays as it is. If the probe fails, every name counts as threaded: nothing
+    unproven is imported."""
+    if not names:
+        return set()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the probe: import, count this process's threads, answer, vanish
+        os.close(read)
+        _set_pdeathsig()
+        found: list[str] = []
+        for name in names:
+            before, loaded = _threads(), len(sys.modules)
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                continue
+            if _threads() > before:  # an idle pool the template stops at each fork is fine
+                for stop in idle_pool_stoppers():
+                    stop()
+            if _threads() > before:  # any module this import loaded may have started it
+                found += [name, *list(sys.modules)[loaded:]]
+        os.write(write, json.dumps(found).encode())
+        os._exit(0)
+    os.close(write)
+    try:
+        answer = _read_within(read, timeout)
+        return set(json.loads(answer)) if answer else set(names)
+    except ValueError:
+        return set(names)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _read_within(fd: int, timeout: float) -> bytes:
+    """What ``fd`` holds until its end, or b"" if that takes over ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    chunks: list[bytes] = []
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([fd], [], [], left)
+            if not readable:
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+        return b""
+    finally:
+        os.close(fd)
 
 
 def _receive(control: socket.socket) -> tuple[bytes, list[int]]:

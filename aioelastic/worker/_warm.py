@@ -9,23 +9,19 @@ its link to the agent, when they stopped growing over a step (:class:`Reporter`,
 sends them to its idle spares, which import them while they wait for a rank
 (:func:`import_modules`) and take one throwaway step (:func:`warm_up_torch`).
 
-A process that will fork (a ``--preload`` template) must stay single-threaded:
-``import_modules(..., fork_safe=True)`` first imports the names in a throwaway child
-(:func:`probe_threads`) and leaves out, with one log line, each module whose import started
-a thread there. A spare forks nothing: it imports every name and says, in one line, which
-started threads.
+The agent also hands the names to its fork template (``agent/_template.py``), which must stay
+single-threaded and so imports them its own way (``_template_main.learn_all``). A spare forks
+nothing: it imports every name and says, in one line, which started threads.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
-import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,35 +65,15 @@ class Imported:
     """Name -> the exception its import raised (it is left to the worker's own import)."""
     threaded: list[str] = field(default_factory=list)
     """Modules whose import started a thread, with every module first loaded by that import
-    (any of them may be the one that started it; ``fork_safe``: left out, else imported)."""
+    (any of them may be the one that started it)."""
 
 
-def import_modules(
-    names: Iterable[str],
-    *,
-    fork_safe: bool = False,
-    stop: Callable[[], bool] | None = None,
-) -> Imported:
+def import_modules(names: Iterable[str], *, stop: Callable[[], bool] | None = None) -> Imported:
     """Import each of ``names`` not loaded yet, in order; one failing import skips that name.
-
-    ``fork_safe``: this process will fork, so no import may start a thread; each module whose
-    import starts one in a throwaway child (:func:`probe_threads`) is left out, with one log
-    line. ``stop`` is asked between imports (a spare stops warming once it has a rank).
-    """
+    ``stop`` is asked between imports (a spare stops warming once it has a rank)."""
     pending = [name for name in dict.fromkeys(names) if name not in NOT_LEARNED]
     done = Imported()
     started: list[str] = []
-    if fork_safe:
-        threaded = set(probe_threads(pending))
-        if threaded:
-            done.threaded = [name for name in pending if _under(name, threaded)]
-            pending = [name for name in pending if not _under(name, threaded)]
-            logger.info(
-                "warming: left out %d module(s) whose import starts a thread (this process "
-                "will fork): %s",
-                len(done.threaded),
-                ", ".join(done.threaded[:20]),
-            )
     for name in pending:
         if name in sys.modules:
             done.present += 1
@@ -115,48 +91,11 @@ def import_modules(
             brought = list(sys.modules)[loaded:]  # in import order: appended to the dict
             started.append(name)
             done.threaded += [n for n in dict.fromkeys([name, *brought]) if n not in done.threaded]
-    if started and fork_safe:
-        logger.warning(
-            "warming: the import of %s started thread(s) in a process that will fork, "
-            "though the probe's did not",
-            ", ".join(started[:20]),
-        )
-    elif started:
+    if started:
         logger.info("warming: the import of %s started thread(s)", ", ".join(started[:20]))
     if done.failed:
         logger.debug("warming: %d import(s) failed: %s", len(done.failed), done.failed)
     return done
-
-
-def _under(name: str, modules: set[str]) -> bool:
-    """Whether ``name`` is one of ``modules`` or a submodule of one (it imports its parent)."""
-    parts = name.split(".")
-    return any(".".join(parts[:n]) in modules for n in range(1, len(parts) + 1))
-
-
-PROBE_TIMEOUT = 300.0
-"""Seconds the throwaway child of :func:`probe_threads` may take (it imports torch and kin)."""
-
-
-def probe_threads(names: Sequence[str]) -> list[str]:
-    """The modules among ``names`` whose import starts a thread, found by importing them in
-    order in a child process of this interpreter (this one stays as it is)."""
-    if not names:
-        return []
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "aioelastic.worker._warm"],
-            input=json.dumps(list(names)).encode(),
-            capture_output=True,
-            timeout=PROBE_TIMEOUT,
-            check=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-        )
-        threaded: list[str] = json.loads(result.stdout)
-    except (subprocess.SubprocessError, OSError, ValueError) as exc:
-        logger.warning("warming: could not probe imports for threads (%s); importing none", exc)
-        return list(names)
-    return threaded
 
 
 class Reporter:
@@ -234,15 +173,3 @@ def warm_up_torch() -> None:
         torch.ones(1 << 16).add_(1)  # above the intra-op grain size: the pool starts
     except Exception as exc:  # a broken or stubbed torch: warming is only worth trying
         logger.info("warming: the throwaway step failed (%s)", exc)
-
-
-def _probe_main() -> None:
-    """The child of :func:`probe_threads`: names on stdin, the threaded ones on stdout."""
-    names = json.loads(sys.stdin.read())
-    sys.stdout.write(json.dumps(import_modules(names).threaded))
-    sys.stdout.flush()
-    os._exit(0)  # a thread an import started must not hold the exit
-
-
-if __name__ == "__main__":
-    _probe_main()

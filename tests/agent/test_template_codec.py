@@ -55,11 +55,11 @@ messages: st.SearchStrategy[Message] = st.one_of(
         ids,
     ),
     st.builds(Reap, ids, ids),
-    st.builds(Import, ids, names),
+    st.builds(Import, ids, names, st.booleans()),
     st.builds(Ready, ids, ids, ids),
     st.builds(Forked, ids, ids),
     st.builds(Reaped, ids, ids, ids),
-    st.builds(Imported, ids),
+    st.builds(Imported, ids, names, names),
     st.builds(Refused, ids, texts, st.booleans()),
 )
 

@@ -117,7 +117,7 @@ THREADED = """
 def test_a_spare_imports_a_module_that_starts_a_thread_and_says_so(
     modules: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Without fork_safe, a module that starts a thread is imported and named in one line."""
+    """A spare imports a module that starts a thread, and names it in one line."""
     write(modules, "warm_threaded", THREADED)
     caplog.set_level(logging.INFO, "aioelastic.worker")
     try:
@@ -129,39 +129,6 @@ def test_a_spare_imports_a_module_that_starts_a_thread_and_says_so(
         ]
     finally:
         sys.modules["warm_threaded"].STOP.set()
-
-
-def test_a_process_that_will_fork_leaves_out_a_module_that_starts_a_thread(
-    modules: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """fork_safe: the probe child finds the threaded module; it is left out, with one line, and
-    this process gains no thread."""
-    write(modules, "warm_threaded", THREADED)
-    write(modules, "warm_plain", "")
-    caplog.set_level(logging.INFO, "aioelastic.worker")
-    before = _warm.thread_count()
-    done = _warm.import_modules(["warm_threaded", "warm_plain"], fork_safe=True)
-    assert done.threaded == ["warm_threaded"]
-    assert done.imported == ["warm_plain"]
-    assert "warm_threaded" not in sys.modules
-    assert _warm.thread_count() == before
-    assert [r.getMessage() for r in caplog.records] == [
-        "warming: left out 1 module(s) whose import starts a thread (this process will fork): "
-        "warm_threaded"
-    ]
-
-
-def test_a_module_that_imports_a_threaded_one_is_left_out_with_it(modules: Path) -> None:
-    """fork_safe: warm_outer's import brings warm_threaded, which starts a thread; both are
-    left out (the parent would start the thread through either), the rest is imported."""
-    write(modules, "warm_threaded", THREADED)
-    write(modules, "warm_outer", "import warm_threaded\n")
-    write(modules, "warm_plain", "")
-    before = _warm.thread_count()
-    done = _warm.import_modules(["warm_outer", "warm_threaded", "warm_plain"], fork_safe=True)
-    assert done.threaded == ["warm_outer", "warm_threaded"]
-    assert done.imported == ["warm_plain"]
-    assert _warm.thread_count() == before
 
 
 def linked() -> tuple[Link, socket.socket]:
