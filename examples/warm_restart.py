@@ -37,11 +37,12 @@ def template_learned(events: Path) -> bool:
 def worker(events: Path) -> None:
     importlib.import_module(HEAVY)  # free in a fork of the warm template
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    print(
+    line = (
         f"restart {restart} rank {os.environ['RANK']}: {HEAVY} already imported="
-        f"{ALREADY_IMPORTED} parent={os.getppid()}",
-        flush=True,
+        f"{ALREADY_IMPORTED} parent={os.getppid()}\n"
     )
+    sys.stdout.write(line)  # one write: the ranks share the terminal (print writes the end apart)
+    sys.stdout.flush()
     if restart == 0 and os.environ["RANK"] == "1":
         while not template_learned(events):  # a job runs a while before something fails
             time.sleep(0.1)

@@ -26,9 +26,11 @@ logger = logging.getLogger(__name__)
 
 SITE_DIRECTORIES = frozenset({"site-packages", "dist-packages"})
 """Where installed packages live (``dist-packages``: Debian's interpreters)."""
-FIRST_LOOK, LAST_INTERVAL = 0.5, 30.0
+FIRST_LOOK, LAST_INTERVAL = 5.0, 30.0
 """Seconds before the first look at the workers, and the most between two looks (the interval
-doubles: a job's imports happen early)."""
+doubles: a job's imports happen early). What is learned is handed on at a look that found
+nothing new, so no sooner than the second look (10 s): a job that ends sooner never needed a
+template, and the template's imports do not slow the workers' own start."""
 OUR_PACKAGE = "aioelastic"
 
 

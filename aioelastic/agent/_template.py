@@ -272,6 +272,8 @@ class Template:
         tb: TracebackType | None,
     ) -> None:
         assert self._tg is not None
+        if self._process is not None and self._importing:
+            self._process.kill()  # busy importing, it would not see the socket close for long
         self._process = None
         self._tg.cancel_scope.cancel()  # each reader closes its socket: its template exits
         await self._tg.__aexit__(exc_type, exc, tb)
