@@ -10,6 +10,9 @@ torch,aioelastic.worker``, and for torchrun where it applies:
 * *job start*: launch -> every rank's first all_reduce (wall), and the total proportional set
   size (PSS, ``/proc/PID/smaps_rollup``) of the workers (and the template) while they train.
 
+*Plain* is ``--fork-template off``: no template at all (``bench.recovery`` measures the one the
+agent learns by default).
+
 Run ``python -m bench.preload [--nproc 4] [--repeat 3]``; medians of the runs. The machine is
 shared: compare the ratios of one run, not figures across runs.
 """
@@ -49,8 +52,7 @@ def launcher(mode: str, nproc: int, events: Path) -> list[str]:
     if mode == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", *flags, "--max-restarts", "1"]
     base = [sys.executable, "-m", "aioelastic", "run", *flags, "--events-file", str(events)]
-    if mode.endswith("+preload"):
-        base += PRELOAD
+    base += PRELOAD if mode.endswith("+preload") else ["--fork-template", "off"]
     if mode.startswith("new"):
         return [*base, "--recovery", "in-place"]
     return [*base, "--max-restarts", "1"]
