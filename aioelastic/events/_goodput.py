@@ -22,14 +22,18 @@ time order cuts the wall time into bands, each of one category:
   remainder is shutdown), or everything when no step was marked.
 
 The job begins a step when the last rank of its life (the ranks that marked any step in that
-life) began it: the job is where its slowest rank is, and a step that some rank never began
-(it died first) is not a step of the job. The bands tile the wall time, so the categories add
-up to it exactly; goodput is the productive share, badput each other category's share.
+life) reached it, by beginning it or a later step: the job is where its slowest rank is, a rank
+that resumed from a later checkpoint (ranks not in lockstep) is past the steps it skipped, and
+a step that some rank never reached (it died first) is not a step of the job. Steps the job
+reached at one instant are one step, the highest. The bands tile the wall time, so the
+categories add up to it exactly; goodput is the productive share, badput each other category's
+share.
 """
 
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -469,18 +473,14 @@ def goodput_report(
     saves: list[tuple[float, float]] = []
     marked = 0
     batches = []
-    begun: dict[tuple[Life, int], dict[int, float]] = {}  # (life, step) -> rank -> time
-    ranks: dict[Life, set[int]] = {}
+    begun: dict[Life, dict[int, list[tuple[float, int]]]] = {}  # life -> rank -> (time, step)
     for event in records:
         found = _marks(event)
         if found is not None:
             life, rank, marks, saved, done = found
             marked += len(marks)
             saves += saved
-            ranks.setdefault(life, set()).add(rank)
-            for m in marks:
-                by_rank = begun.setdefault((life, m.step), {})
-                by_rank[rank] = min(by_rank.get(rank, m.time), m.time)
+            begun.setdefault(life, {}).setdefault(rank, []).extend((m.time, m.step) for m in marks)
             steps = tuple(m.step for m in marks)
             times = tuple(m.time for m in marks)
             batches.append((min(times, default=event.time), life, rank, steps, times, done))
@@ -488,9 +488,9 @@ def goodput_report(
         disruption = _disruption(event)
         if disruption is not None:
             points.append((_clamp(disruption.time, start, end), 0, disruption))
-    for (life, step), by_rank in begun.items():  # the job began a step when its last rank did
-        if len(by_rank) == len(ranks[life]):
-            points.append((_clamp(max(by_rank.values()), start, end), 1, _Mark(0.0, step, life)))
+    for life, by_rank in begun.items():
+        for when, step in _job_steps(by_rank.values()).items():
+            points.append((_clamp(when, start, end), 1, _Mark(0.0, step, life)))
     for _, life, rank, steps, times, done in sorted(batches, key=lambda b: b[0]):
         windows += watch.feed(life, rank, steps, times, done)
     windows += watch.finish()
@@ -523,6 +523,28 @@ def goodput_report(
         settings.factor,
         settings.window,
     )
+
+
+def _job_steps(ranks: Iterable[list[tuple[float, int]]]) -> dict[float, int]:
+    """When one life's job began its steps (time -> step), from each rank's (time, step)
+    marks: when its last rank reached the step (began it or a later one); of the steps it
+    reached at one time, the highest."""
+    reached: list[tuple[list[int], list[float]]] = []  # per rank: each new highest step, when
+    for marks in ranks:
+        highest: list[int] = []
+        times: list[float] = []
+        for when, step in sorted(marks):
+            if not highest or step > highest[-1]:
+                highest.append(step)
+                times.append(when)
+        reached.append((highest, times))
+    began: dict[float, int] = {}
+    for step in sorted({step for highest, _ in reached for step in highest}):
+        found = [bisect_left(highest, step) for highest, _ in reached]
+        if all(i < len(highest) for i, (highest, _) in zip(found, reached, strict=True)):
+            when = max(times[i] for i, (_, times) in zip(found, reached, strict=True))
+            began[when] = max(began.get(when, step), step)
+    return began
 
 
 def _order(point: tuple[float, int, _Mark | _Disruption]) -> tuple[Any, ...]:

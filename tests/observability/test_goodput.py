@@ -148,6 +148,36 @@ def test_a_job_that_never_steps_again_ends_in_recovery() -> None:
     assert report.seconds("recovery") == 3.5
 
 
+def test_a_rank_that_resumes_past_a_step_has_reached_it() -> None:
+    """Ranks not in lockstep: a survivor checkpoints step 3 of the new generation before the
+    replacement starts, which resumes at step 4; the recovery ends when the replacement
+    begins, and the slow rank's steps 2 and 3 after it are the job's (it is where its slowest
+    rank is), not more recovery."""
+    report = goodput_report(
+        [
+            ev(0.0, "RendezvousJoining"),
+            steps(0, [(0, 1.0), (1, 2.0), (2, 3.0)]),
+            steps(1, [(0, 1.0), (1, 2.0), (2, 3.0)]),
+            steps(2, [(0, 1.0), (1, 3.0)]),  # the slow rank
+            failed(3.5, 1),
+            steps(0, [(1, 4.0), (2, 4.5), (3, 5.0), (4, 5.5), (5, 6.0)], generation=2),
+            steps(2, [(1, 4.0), (2, 6.0), (3, 8.0), (4, 10.0), (5, 12.0)], generation=2),
+            steps(1, [(4, 7.0), (5, 7.5)], generation=2),  # the replacement, from checkpoint 4
+            ev(13.0, "RunFinished"),
+        ]
+    )
+    (recovery,) = report.recoveries
+    assert (recovery.failed_at, recovery.resumed_at) == (3.5, 7.0)
+    assert [(b.start, b.end, b.category) for b in report.bands] == [
+        (0.0, 1.0, "startup"),
+        (1.0, 3.0, PRODUCTIVE),  # step 0 (rank 2 begins step 1 at 3.0)
+        (3.0, 3.5, "redone"),  # step 1, cut short by the failure
+        (3.5, 7.0, "recovery"),
+        (7.0, 13.0, PRODUCTIVE),  # steps 2 (from 7.0: the job jumped to it), 3, 4, 5
+    ]
+    assert (report.redone_steps, report.last_step) == (0, 5)
+
+
 def test_nodes_waiting_to_join_is_idle_not_recovery() -> None:
     """The job stopping to admit nodes is idle time until its next step, and no recovery."""
     report = goodput_report(
