@@ -342,9 +342,9 @@ class TemplateReady:
 
 @dataclass(frozen=True, slots=True)
 class TemplateLearned:
-    """The fork template imported what the workers had loaded (``--fork-template auto``):
-    ``modules`` now, ``left_out`` (their import would start a thread); the next workers
-    fork from it."""
+    """The fork template imported what the workers had loaded (``--fork-template auto``): of
+    the names it was given, it holds ``modules`` and left out ``left_out`` (their import would
+    start a thread); the next workers fork from it."""
 
     pid: int
     modules: tuple[str, ...]

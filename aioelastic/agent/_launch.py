@@ -388,9 +388,9 @@ def describe(event: AgentEvent) -> str | None:
                 else ""
             )
             return (
-                f"fork template (pid {event.pid}) imported {len(event.modules)} module(s) the "
-                f"workers loaded ({_some(event.modules)}) in {event.seconds:.2f} s{left_out}: "
-                "the next workers fork from it"
+                f"fork template (pid {event.pid}) holds {len(event.modules)} module(s) the "
+                f"workers loaded ({_some(event.modules)}), imported in {event.seconds:.2f} s"
+                f"{left_out}: the next workers fork from it"
             )
         case ev.TemplateLost():
             then = (

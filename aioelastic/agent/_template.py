@@ -203,8 +203,8 @@ class Template:
         self.modules = check_module_names(modules)
         """The modules named to preload (and :meth:`import_modules`): they must import."""
         self.learned: tuple[str, ...] = ()
-        """What :meth:`learn` was told, less what the template left out (it would start a
-        thread); a name that failed to import is in it too (the worker's import says why)."""
+        """What of the names :meth:`learn` was told the template holds (not those whose
+        import failed, or would start a thread)."""
         self._learning = learn
         self._preloading = bool(self.modules)
         self._wanted: dict[str, None] = {}
@@ -470,8 +470,7 @@ class Template:
         process.learned.update(names)
         if isinstance(reply, codec.Imported):
             self._rejected.update(reply.left_out)
-            kept = [name for name in names if name not in reply.left_out]
-            self.learned = tuple(dict.fromkeys([*self.learned, *kept]))
+            self.learned = tuple(dict.fromkeys([*self.learned, *reply.modules]))
             took = time.monotonic() - started
             self._emit(TemplateLearned(process.popen.pid, reply.modules, reply.left_out, took))
         elif isinstance(reply, codec.Refused):  # fatal: it forks no more; a new one skips them

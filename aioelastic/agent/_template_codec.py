@@ -100,7 +100,8 @@ class Reaped:
 @dataclass(frozen=True, slots=True)
 class Imported:
     """The modules of request ``id`` were imported and the template is still safe to fork;
-    of learned ones, ``modules`` were imported now and ``left_out`` would start a thread."""
+    of learned ones, it holds ``modules`` now (imported, or loaded already) and left out
+    ``left_out`` (their import would start a thread)."""
 
     id: int
     modules: tuple[str, ...] = ()

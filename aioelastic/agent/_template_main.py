@@ -575,11 +575,12 @@ class TemplateServer:
         return codec.Reaped(request.id, request.pid, os.waitstatus_to_exitcode(status))
 
     def import_modules(self, request: codec.Import) -> codec.Reply:
-        imported: list[str] = []
+        held: list[str] = []
         left_out: list[str] = []
         with _SeedWatch() as watch:
             if request.learned:
-                imported, left_out = learn_all(request.modules)
+                left_out = learn_all(request.modules)
+                held = [name for name in request.modules if name in sys.modules]
                 failure = None
             else:
                 failure = import_all(request.modules)
@@ -589,7 +590,7 @@ class TemplateServer:
         reason = self.settle()
         if reason is not None:
             return codec.Refused(request.id, reason, fatal=True)
-        return codec.Imported(request.id, tuple(imported), tuple(left_out))
+        return codec.Imported(request.id, tuple(held), tuple(left_out))
 
 
 def import_all(modules: Sequence[str]) -> str | None:
@@ -610,24 +611,18 @@ PROBE_TIMEOUT = 300.0
 """Seconds the throwaway fork of :func:`threaded_imports` may take (torch and its kin)."""
 
 
-def learn_all(names: Sequence[str]) -> tuple[list[str], list[str]]:
+def learn_all(names: Sequence[str]) -> list[str]:
     """Import what of ``names`` (modules running workers had loaded) a template may hold:
     a name whose import starts a thread in a throwaway fork (:func:`threaded_imports`) is
     left out, with every name under it; a failing import is skipped (the worker's own import
-    will say why). (Imported, left out), in order."""
+    will say why). The names left out, in order."""
     pending = [name for name in dict.fromkeys(names) if name not in sys.modules]
     threaded = threaded_imports(pending)
-    left_out = [name for name in pending if _under(name, threaded)]
-    imported = []
     for name in pending:
-        if name in sys.modules or _under(name, threaded):
-            continue
-        try:
-            importlib.import_module(name)
-        except (Exception, SystemExit):
-            continue
-        imported.append(name)
-    return imported, left_out
+        if name not in sys.modules and not _under(name, threaded):
+            with contextlib.suppress(Exception, SystemExit):
+                importlib.import_module(name)
+    return [name for name in pending if _under(name, threaded)]
 
 
 def _under(name: str, modules: Collection[str]) -> bool:
