@@ -11,7 +11,12 @@ Compared in the same run:
 * ``aioelastic run --recovery in-place --spares 1``: a warm spare takes the rank and gets the
   state from a survivor (``worker.hand_over``);
 * ``aioelastic run --recovery in-place``: a new process takes it (it must import torch);
-* ``aioelastic run --recovery restart`` and ``torchrun``: the group restarts from the checkpoint.
+* ``aioelastic run --recovery restart`` and ``torchrun``: the group restarts from the checkpoint
+  (ours forks it from the template the agent learned; ``restart-plain`` is the same with
+  ``--fork-template off``, every worker importing torch again as torchrun's do).
+
+Our modes kill only once the agent's template holds what a new worker needs (a job runs a while
+before it fails; see ``template_holds``).
 
 Where the time goes (from the kill, the last rank): *detect* (the agent saw the exit through its
 pidfd), *world formed* (``GenerationFormed``), *process group* (the last
@@ -280,6 +285,8 @@ MODES = {
     "restart-plain": "restart, --fork-template off",
     "torchrun": "restart (torchrun)",
 }
+SHOWN = ("spare", "new", "restart", "restart-plain", "torchrun")
+"""The order of the DDP tables' rows and columns."""
 STAGES = ("detect", "announce", "form", "process group", "state transfer", "first collective")
 DDP_STAGES = (
     "detect",
@@ -445,7 +452,7 @@ def report_ddp(nproc: int, runs: dict[str, list[dict[str, float] | str]], model:
     print(f"{nproc} workers, {model} model: kill -9 -> every rank's next optimizer step:")
     print(f"{'measure':40} {'next step':>10} {'caught up':>10} {'lost':>5} {'vs torchrun':>12}")
     theirs = median(runs.get("torchrun", ["not run"]), "caught up")
-    for mode in ("spare", "new", "restart", "torchrun"):
+    for mode in SHOWN:
         if mode not in runs:
             continue
         ours = median(runs[mode], "caught up")
@@ -460,7 +467,7 @@ def report_ddp(nproc: int, runs: dict[str, list[dict[str, float] | str]], model:
     print("  (caught up: every rank past the step the job had reached; lost: steps re-done)")
     print()
     print(f"{nproc} workers, {model} model: where the time goes (ms after the kill, last rank):")
-    shown = [m for m in ("spare", "new", "restart", "torchrun") if m in runs]
+    shown = [m for m in SHOWN if m in runs]
     print(f"{'stage':24}" + "".join(f" {m:>10}" for m in shown))
     for stage in DDP_STAGES:
         cells = [_cell(median(runs[mode], stage)) for mode in shown]
