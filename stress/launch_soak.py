@@ -59,6 +59,9 @@ class Cell:
     recovery: str = "restart"
     kill: bool = False
     token: bool = False
+    warm: bool = False
+    """The kill waits until each node's fork template learned what the workers load (its
+    events file says ``TemplateLearned``): the restart forks from it."""
 
     @property
     def nodes(self) -> int:
@@ -72,6 +75,7 @@ class Cell:
         parts += [self.recovery] if self.kill else []
         parts += ["kill-9" if self.kill else "clean"]
         parts += ["token-relay"] if self.token else []
+        parts += ["warm-template"] if self.warm else []
         return " ".join(parts)
 
 
@@ -81,6 +85,7 @@ def matrix() -> list[Cell]:
         Cell("aioelastic", "standalone", 1),
         Cell("aioelastic", "standalone", 4),
         Cell("aioelastic", "standalone", 4, kill=True),
+        Cell("aioelastic", "standalone", 4, kill=True, warm=True),
         Cell("aioelastic", "standalone", 4, recovery="in-place", kill=True),
         Cell("aioelastic", "static", 1),
         Cell("aioelastic", "static", 4),
@@ -97,7 +102,9 @@ def matrix() -> list[Cell]:
     theirs = [
         Cell("torchrun", cell.topology, cell.nproc, cell.recovery, cell.kill)
         for cell in ours
-        if cell.recovery == "restart" and not cell.token and cell.topology in TORCHRUNS
+        if cell.recovery == "restart"
+        and not (cell.token or cell.warm)
+        and cell.topology in TORCHRUNS
     ]
     return ours + theirs
 
@@ -149,6 +156,8 @@ def argv_for(cell: Cell, node: int, port: int, run_id: str, extra: Sequence[str]
         argv += [f"--rdzv-id={run_id}", *extra]
     if cell.kill:
         argv.append("--max-restarts=1")
+    if cell.warm:
+        argv.append(f"--events-file=events-{run_id}-{node}.jsonl")
     if cell.recovery == "in-place":
         argv += ["--recovery=in-place", IN_PLACE]
     else:
@@ -204,6 +213,8 @@ def run_once(cell: Cell, workdir: Path, etcd_endpoints: str | None = None) -> Ou
     env = {**os.environ, TAG: tag, "SOAK_MARKER": str(workdir / f"killed-{tag}")}
     if cell.kill:
         env["SOAK_KILL"] = f"{cell.nodes * cell.nproc - 1}:2"
+    if cell.warm:  # the victim is on the last node
+        env["SOAK_WAIT_TEMPLATE"] = str(workdir / f"events-soak-{tag[:8]}-{cell.nodes - 1}.jsonl")
     logs = [workdir / f"node{node}.log" for node in range(cell.nodes)]
     started = time.monotonic()
     processes = []
