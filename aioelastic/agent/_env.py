@@ -135,3 +135,13 @@ def worker_site_env(base: Mapping[str, str]) -> dict[str, str]:
     """
     given = base.get("PYTHONPATH")
     return {"PYTHONPATH": os.pathsep.join([WORKER_SITE, given] if given else [WORKER_SITE])}
+
+
+def without_worker_site(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` as the ``sitecustomize`` of :data:`WORKER_SITE` leaves it once loaded: a worker
+    forked from a template that loaded it (the exit hook is inherited) gets this one."""
+    paths = env.get("PYTHONPATH", "").split(os.pathsep)
+    if paths[0] != WORKER_SITE:
+        return dict(env)
+    rest = {name: value for name, value in env.items() if name != "PYTHONPATH"}
+    return {**rest, "PYTHONPATH": os.pathsep.join(paths[1:])} if len(paths) > 1 else rest

@@ -54,6 +54,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from aioelastic.agent import _template_codec as codec
+from aioelastic.agent._env import without_worker_site
 from aioelastic.agent._errors import AgentError
 from aioelastic.agent._events import AgentEvent, TemplateLearned, TemplateLost, TemplateReady
 from aioelastic.agent._guardian import Guardian
@@ -348,7 +349,7 @@ class Template:
                 command.kind,
                 command.target,
                 command.args,
-                dict(env),
+                without_worker_site(env),
                 os.getcwd(),
                 (0, 1, 2, *pass_fds),
                 self.seed,

@@ -161,6 +161,9 @@ async def test_a_restart_forks_from_the_template_that_learned_the_workers_packag
     ]
     assert (second_parent, imported[2]) == (int(imported[1]), "uvloop")
     assert first_parent != second_parent
+    paths = re.findall(r"restart \d pid \d+ ppid \d+ path (.*)", run.out.text)
+    (plain, forked) = paths
+    assert forked == plain  # the exit hook's directory is off the fork's path as off the plain one
 
 
 @pytest.mark.anyio

@@ -11,7 +11,8 @@ from pathlib import Path
 import uvloop  # noqa: F401
 
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-print(f"restart {restart} pid {os.getpid()} ppid {os.getppid()}", flush=True)
+path = os.environ.get("PYTHONPATH")
+print(f"restart {restart} pid {os.getpid()} ppid {os.getppid()} path {path}", flush=True)
 if restart == 0:
     Path(sys.argv[1]).read_text()  # blocks until the test writes the go
     sys.exit(3)
