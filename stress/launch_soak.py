@@ -30,8 +30,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 WORKERS = Path(__file__).parent / "workers"
@@ -283,9 +284,16 @@ def etcd_server(base: Path) -> Iterator[str]:
 
 
 def soak(
-    cells: Sequence[Cell], runs: int, *, etcd_endpoints: str | None = None, keep: Path | None = None
+    cells: Sequence[Cell],
+    runs: int,
+    *,
+    etcd_endpoints: str | None = None,
+    keep: Path | None = None,
+    after_run: Callable[[dict[str, Tally]], None] | None = None,
 ) -> dict[str, Tally]:
-    """Run every cell ``runs`` times in turn (cell by cell, so each run has the machine)."""
+    """Run every cell ``runs`` times in turn (cell by cell, so each run has the machine);
+    ``after_run`` sees the tallies after each run (a soak of hours keeps what it found if it
+    is stopped)."""
     tallies: dict[str, Tally] = {}
     with tempfile.TemporaryDirectory(prefix="aioelastic-soak-") as scratch:
         for cell in cells:
@@ -299,6 +307,8 @@ def soak(
                     keep.mkdir(parents=True, exist_ok=True)
                     name = re.sub(r"\W+", "-", cell.name)
                     (keep / f"{name}-{index}-{outcome.verdict}.txt").write_text(outcome.console)
+                if after_run is not None:
+                    after_run(tallies)
     return tallies
 
 
@@ -315,11 +325,23 @@ def table(tallies: dict[str, Tally]) -> str:
     return "\n".join(rows)
 
 
+def write_counts(path: Path, tallies: dict[str, Tally]) -> None:
+    """Write each cell's counts and median seconds so far to ``path`` (JSON)."""
+    counts = {
+        name: {
+            **{v: t.count(v) for v in ("ok", "failed", "aborted", "hung", "orphans")},
+            "median_seconds": round(t.median(), 2),
+        }
+        for name, t in tallies.items()
+    }
+    path.write_text(json.dumps(counts, indent=2))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200, help="runs per cell")
     parser.add_argument("--cells", default="", help="only cells whose name has one of these words")
-    parser.add_argument("--json", type=Path, help="write every cell's counts here")
+    parser.add_argument("--json", type=Path, help="keep every cell's counts here (after each run)")
     parser.add_argument("--keep", type=Path, help="write each lost run's consoles here")
     args = parser.parse_args(argv)
     words = [w for w in args.cells.split(",") if w]
@@ -329,14 +351,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if any(cell.topology == "etcd" for cell in cells):
             base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="soak-etcd-")))
             endpoints = stack.enter_context(etcd_server(base))
-        tallies = soak(cells, args.runs, etcd_endpoints=endpoints, keep=args.keep)
+        tallies = soak(
+            cells,
+            args.runs,
+            etcd_endpoints=endpoints,
+            keep=args.keep,
+            after_run=None if args.json is None else partial(write_counts, args.json),
+        )
     print(table(tallies))
-    if args.json is not None:
-        counts = {
-            name: {v: t.count(v) for v in ("ok", "failed", "aborted", "hung", "orphans")}
-            for name, t in tallies.items()
-        }
-        args.json.write_text(json.dumps(counts, indent=2))
     lost = sum(t.lost for name, t in tallies.items() if name.startswith("aioelastic"))
     return 1 if lost else 0
 
