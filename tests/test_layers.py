@@ -35,18 +35,8 @@ PARTS = {
     "worker": ("aioelastic.worker",),
     "agent": ("aioelastic.agent",),
     "testing": ("aioelastic.testing",),
-    "progress": ("aioelastic._progress",),
     "metrics": ("aioelastic.metrics",),
-    "launcher": (
-        "aioelastic.__main__",
-        "aioelastic._cli_report",
-        "aioelastic._cli_status",
-        "aioelastic._cli_timeline",
-        "aioelastic._observe",
-        "aioelastic.agent._cli",
-        "aioelastic.agent._launch",
-        "aioelastic.cli",
-    ),
+    "launcher": ("aioelastic.__main__", "aioelastic._launcher", "aioelastic.cli"),
 }
 """Each part's modules, by prefix: a module belongs to the part of its longest matching prefix."""
 
@@ -58,14 +48,14 @@ LAYERS = (
     ("metrics",),
     ("rendezvous", "worker"),
     ("agent",),
-    ("testing", "progress"),
+    ("testing",),
     ("launcher",),
 )
 """Lowest first. Parts of one layer do not import each other."""
 
 LAZY_RE_EXPORTS = {
-    ("aioelastic.events", "aioelastic._observe"),
-    ("aioelastic.events", "aioelastic._progress"),
+    ("aioelastic.events", "aioelastic._launcher.observe"),
+    ("aioelastic.events", "aioelastic._launcher.progress"),
 }
 """(module, imported module) pairs allowed to reach up: imported on first attribute access."""
 

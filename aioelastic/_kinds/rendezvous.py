@@ -1,7 +1,7 @@
 """What a rendezvous handler reports, and what the launcher says while a node waits to join.
 
 The handlers (``aioelastic.rendezvous``, which re-exports them) and the progress watch
-(``aioelastic/_progress.py``) emit them; the timeline and the metrics read them without
+(``aioelastic/_launcher/progress.py``) emit them; the timeline and the metrics read them without
 importing the rendezvous.
 """
 

@@ -60,14 +60,14 @@ __all__ = [
 
 if TYPE_CHECKING:
     from aioelastic._kinds.rendezvous import RendezvousWaiting
-    from aioelastic._observe import observe
-    from aioelastic._progress import watch_rendezvous
+    from aioelastic._launcher.observe import observe
+    from aioelastic._launcher.progress import watch_rendezvous
     from aioelastic.events._goodput import GoodputReport, goodput_report
 
 _LAZY = {
-    "observe": "aioelastic._observe",
+    "observe": "aioelastic._launcher.observe",
     "RendezvousWaiting": "aioelastic._kinds.rendezvous",
-    "watch_rendezvous": "aioelastic._progress",
+    "watch_rendezvous": "aioelastic._launcher.progress",
     "GoodputReport": "aioelastic.events._goodput",
     "goodput_report": "aioelastic.events._goodput",
 }
