@@ -16,10 +16,10 @@ __all__ = ["SUBCOMMAND_MODULES", "build_parser", "main"]
 
 SUBCOMMAND_MODULES = (
     "aioelastic.store._cli",
-    "aioelastic.agent._cli",
-    "aioelastic._cli_status",
-    "aioelastic._cli_timeline",
-    "aioelastic._cli_report",
+    "aioelastic._launcher.cli_run",
+    "aioelastic._launcher.cli_status",
+    "aioelastic._launcher.cli_timeline",
+    "aioelastic._launcher.cli_report",
 )
 
 

@@ -27,6 +27,7 @@ PARTS = {
         "aioelastic._subscribers",
         "aioelastic.errors",
     ),
+    "kinds": ("aioelastic._kinds",),
     "events": ("aioelastic.events",),
     "timer": ("aioelastic.timer",),
     "store": ("aioelastic.store",),
@@ -34,37 +35,27 @@ PARTS = {
     "worker": ("aioelastic.worker",),
     "agent": ("aioelastic.agent",),
     "testing": ("aioelastic.testing",),
-    "progress": ("aioelastic._progress",),
-    "views": ("aioelastic.metrics", "aioelastic.events._timeline", "aioelastic.events._goodput"),
-    "launcher": (
-        "aioelastic.__main__",
-        "aioelastic._cli_report",
-        "aioelastic._cli_status",
-        "aioelastic._cli_timeline",
-        "aioelastic._observe",
-        "aioelastic.agent._cli",
-        "aioelastic.agent._launch",
-        "aioelastic.cli",
-    ),
+    "metrics": ("aioelastic.metrics",),
+    "launcher": ("aioelastic.__main__", "aioelastic._launcher", "aioelastic.cli"),
 }
 """Each part's modules, by prefix: a module belongs to the part of its longest matching prefix."""
 
 LAYERS = (
     ("base",),
-    ("events",),
+    ("kinds",),
     ("timer", "store"),
+    ("events",),
+    ("metrics",),
     ("rendezvous", "worker"),
     ("agent",),
-    ("testing", "progress"),
-    ("views",),
+    ("testing",),
     ("launcher",),
 )
 """Lowest first. Parts of one layer do not import each other."""
 
 LAZY_RE_EXPORTS = {
-    ("aioelastic.events", "aioelastic._observe"),
-    ("aioelastic.events", "aioelastic._progress"),
-    ("aioelastic.events", "aioelastic.events._goodput"),
+    ("aioelastic.events", "aioelastic._launcher.observe"),
+    ("aioelastic.events", "aioelastic._launcher.progress"),
 }
 """(module, imported module) pairs allowed to reach up: imported on first attribute access."""
 
@@ -123,13 +114,28 @@ def test_every_part_is_in_one_layer() -> None:
     assert sorted(named) == sorted(PARTS)
 
 
-def test_importing_the_event_stream_loads_no_part_it_observes() -> None:
-    """``import aioelastic.events`` loads the events package and the base modules only."""
+def parts_loaded_by(module: str) -> set[str]:
+    """The parts a fresh interpreter holds after ``import module``."""
     code = (
-        "import sys, aioelastic.events\n"
+        f"import sys, {module}\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('aioelastic')))"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.split()
-    assert {part_of(module) for module in loaded} == {"base", "events"}
+    return {part_of(name) for name in loaded}
+
+
+def test_importing_the_event_stream_loads_no_part_it_observes() -> None:
+    """``import aioelastic.events`` loads the events package and the base modules only."""
+    assert parts_loaded_by("aioelastic.events") == {"base", "events"}
+
+
+def test_importing_the_metrics_loads_no_part_above_the_stream() -> None:
+    """``import aioelastic.metrics`` reads the agent's and rendezvous' event types, not them."""
+    assert parts_loaded_by("aioelastic.metrics") == {"base", "kinds", "timer", "events", "metrics"}
+
+
+def test_importing_the_agent_package_loads_only_its_face() -> None:
+    """``import aioelastic.agent`` loads what it names on first use, not the agent's machinery."""
+    assert parts_loaded_by("aioelastic.agent") == {"base", "agent"}

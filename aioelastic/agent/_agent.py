@@ -85,9 +85,9 @@ from aioelastic.agent._recovery import (
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.agent._status import encode_step_times, step_times_key
-from aioelastic.agent._stragglers import ScoredWindow, StragglerSettings, StragglerWatch
 from aioelastic.agent._timeouts import agent_timeouts, check_timeouts
 from aioelastic.agent._worker_store import WorkerStore
+from aioelastic.events._stragglers import ScoredWindow, StragglerSettings, StragglerWatch
 from aioelastic.rendezvous import (
     InvalidationReason,
     RendezvousClosedError,

@@ -66,6 +66,8 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from aioelastic._kinds.agent import EvictCause as EvictCause
+
 GENERATION_PREFIX = "aioelastic/agent/generation/"
 """In a round's store, where each node shows its generation (``aioelastic status`` reads it)."""
 
@@ -230,17 +232,6 @@ class TimedOut:
     replica of a job's machine decides the same, whatever its clock says)."""
 
     generation: int
-
-
-class EvictCause(enum.Enum):
-    """Why the machine takes out a member that still runs."""
-
-    HUNG = "taken for hung"
-    """Most members' collectives failed while it answered nothing."""
-    ABORT_UNAVAILABLE = "abort unavailable"
-    """Its world ended and it cannot abort its collectives (a backend without abort)."""
-    DID_NOT_LEAVE = "did not leave"
-    """Its world ended and it did not enter the next one in time."""
 
 
 LEAVE_CAUSES = (EvictCause.DID_NOT_LEAVE, EvictCause.ABORT_UNAVAILABLE)

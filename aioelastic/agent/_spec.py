@@ -90,7 +90,7 @@ class LogSpec:
     """The same for stderr (``filtered_stderr.log``)."""
     layout: Callable[[Mapping[int, Mapping[str, str]]], Mapping[int, Any]] | None = None
     """Decides, once per attempt, each local rank's streams and error file instead (a torch
-    ``LogsSpecs`` from ``--logs-specs``: see ``_torch_logs.py``)."""
+    ``LogsSpecs`` from ``--logs-specs``: see ``aioelastic/_launcher/torch_logs.py``)."""
 
     def wants_files(self, local_world_size: int) -> bool:
         """Return whether any local rank sends a stream to a file of ours (not a layout's)."""

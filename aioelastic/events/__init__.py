@@ -1,16 +1,17 @@
 """One typed event stream across the parts, and its standard subscribers.
 
-Components keep their own frozen event dataclasses (``aioelastic.timer``'s ``TimerReaped``,
+Components report frozen event dataclasses (``aioelastic.timer``'s ``TimerReaped``,
 ``aioelastic.agent``'s ``WorkerFailed``, ...); an :class:`EventStream` gathers them from every
 component attached to it and hands each, as an :class:`EventRecord`, to subscribers: a
 :class:`LoggingSubscriber`, a :class:`JsonLinesWriter` (``aioelastic run --events-file``), the
 Prometheus metrics of ``aioelastic.metrics``, or a test.
 
-This package sits below the parts it observes: importing it loads none of them. ``observe``
-(which wires a job's components to the subscribers) and ``watch_rendezvous`` (which polls a
-rendezvous handler) live in the launcher layer above, ``goodput_report`` (what ``aioelastic
-report`` prints: goodput, badput by cause, stragglers) in the views above the parts; they are
-re-exported here lazily.
+This package sits below the rendezvous and the agent it observes: it reads their event types
+from ``aioelastic/_kinds/`` (the layer below it) and importing it loads none of them. Reading
+a job's logs back is here too: ``goodput_report`` (what ``aioelastic report`` prints: goodput,
+badput by cause, stragglers) and the timeline, imported on first use. ``observe`` (which wires
+a job's components to the subscribers) and ``watch_rendezvous`` (which polls a rendezvous
+handler) live in the launcher layer above; they are re-exported here lazily.
 """
 
 from typing import TYPE_CHECKING
@@ -58,18 +59,19 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from aioelastic._observe import observe
-    from aioelastic._progress import RendezvousWaiting, watch_rendezvous
+    from aioelastic._kinds.rendezvous import RendezvousWaiting
+    from aioelastic._launcher.observe import observe
+    from aioelastic._launcher.progress import watch_rendezvous
     from aioelastic.events._goodput import GoodputReport, goodput_report
 
 _LAZY = {
-    "observe": "aioelastic._observe",
-    "RendezvousWaiting": "aioelastic._progress",
-    "watch_rendezvous": "aioelastic._progress",
+    "observe": "aioelastic._launcher.observe",
+    "RendezvousWaiting": "aioelastic._kinds.rendezvous",
+    "watch_rendezvous": "aioelastic._launcher.progress",
     "GoodputReport": "aioelastic.events._goodput",
     "goodput_report": "aioelastic.events._goodput",
 }
-"""Names re-exported from the launcher layer, imported on first use (not by ``import``)."""
+"""Names imported on first use (not by ``import``): the launcher layer's, and the heavier views."""
 
 
 def __getattr__(name: str) -> object:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aioelastic.agent._events import (
+from aioelastic._kinds.agent import (
     MembershipChanged,
     NodeFenced,
     StepsMarked,
@@ -48,15 +48,15 @@ from aioelastic.agent._events import (
     WorkerReaped,
     WorkerRestartedToLeave,
 )
-from aioelastic.agent._stragglers import (
+from aioelastic._kinds.rendezvous import NodeLost
+from aioelastic.events._jsonl import LoggedEvent
+from aioelastic.events._stragglers import (
     DEFAULT_FACTOR,
     DEFAULT_WINDOW,
     ScoredWindow,
     StragglerSettings,
     StragglerWatch,
 )
-from aioelastic.events._jsonl import LoggedEvent
-from aioelastic.rendezvous._info import NodeLost
 
 PRODUCTIVE = "productive"
 BADPUT = ("startup", "recovery", "redone", "checkpoint", "idle", "other")

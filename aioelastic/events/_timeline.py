@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aioelastic.agent._events import (
+from aioelastic._kinds.agent import (
     GenerationAssigned,
     GenerationFormed,
     GroupRestarting,
@@ -52,9 +52,9 @@ from aioelastic.agent._events import (
     WorkersStopped,
     WorkerSucceeded,
 )
+from aioelastic._kinds.rendezvous import NodeLost, RoundCompleted, RoundInvalidated, RoundJoining
 from aioelastic.events._goodput import goodput_report
 from aioelastic.events._jsonl import LoggedEvent
-from aioelastic.rendezvous._info import NodeLost, RoundCompleted, RoundInvalidated, RoundJoining
 from aioelastic.timer._events import TimerReaped
 
 

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import Listener, SocketAttribute, SocketStream, TaskStatus
 
-from aioelastic._progress import RendezvousWaiting
-from aioelastic.agent._events import (
+from aioelastic._kinds.agent import (
     GroupRestarting,
     MembershipChanged,
     RendezvousCompleted,
@@ -26,6 +25,7 @@ from aioelastic.agent._events import (
     WorkerFailed,
     WorkerReaped,
 )
+from aioelastic._kinds.rendezvous import RendezvousWaiting
 from aioelastic.events import EventRecord
 from aioelastic.timer._events import ProcessExited, TimerAcquired, TimerExpired, TimerReleased
 

@@ -1,11 +1,35 @@
-"""What a completed rendezvous hands out, and why a completed round stops being valid."""
+"""What a completed rendezvous hands out, and a handler's statistics.
+
+Why a completed round stops being valid, and the other events a handler reports, are kept in
+``aioelastic/_kinds/rendezvous.py`` (below the views that read them) and re-exported here.
+"""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
+from aioelastic._kinds.rendezvous import (
+    InvalidationReason,
+    NodeLost,
+    RendezvousEvent,
+    RoundCompleted,
+    RoundInvalidated,
+    RoundJoining,
+)
 from aioelastic.store import Store
+
+__all__ = [
+    "InvalidationReason",
+    "NodeLost",
+    "RendezvousEvent",
+    "RendezvousInfo",
+    "RendezvousStatistics",
+    "RendezvousStoreInfo",
+    "RoundCompleted",
+    "RoundInvalidated",
+    "RoundJoining",
+    "StaticRendezvousStatistics",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,64 +54,6 @@ class RendezvousInfo:
     world_size: int
     bootstrap_store_info: RendezvousStoreInfo
     round: int = 0
-
-
-class InvalidationReason(enum.Enum):
-    """Why the round a handler last completed is no longer valid."""
-
-    NODES_WAITING = "nodes_waiting"
-    """Nodes are waiting to join: the job should re-rendezvous to admit them."""
-    PARTICIPANT_LOST = "participant_lost"
-    """A participant of the round stopped heart-beating or left."""
-    CLOSED = "closed"
-    """The rendezvous was closed: the job is over."""
-    FENCED = "fenced"
-    """This node could not renew its liveness in time: others may have taken its ranks."""
-    RESTARTING = "restarting"
-    """Another node restarts the job's workers; every node starts the next attempt together
-    (``static``, whose one set of members otherwise never changes)."""
-    STORE_LOST = "store_lost"
-    """The rendezvous store's server is gone (its host left or died): the job cannot go on."""
-
-
-@dataclass(frozen=True, slots=True)
-class RoundInvalidated:
-    """The round a handler last completed is no longer valid, and why."""
-
-    reason: InvalidationReason
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class RoundJoining:
-    """Event: this node started joining (``next_rendezvous`` was called)."""
-
-    run_id: str
-    node: int
-
-
-@dataclass(frozen=True, slots=True)
-class RoundCompleted:
-    """Event: this node is ``rank`` of ``world_size`` in round ``round``."""
-
-    run_id: str
-    round: int
-    node: int
-    rank: int
-    world_size: int
-
-
-@dataclass(frozen=True, slots=True)
-class NodeLost:
-    """Event: this node reported ``lost`` (its ring successor in ``round``) gone."""
-
-    run_id: str
-    round: int
-    lost: int
-
-
-RendezvousEvent = RoundJoining | RoundCompleted | RoundInvalidated | NodeLost
-"""What an elastic handler tells its subscribers (``RoundInvalidated`` says why a round ended)."""
 
 
 @dataclass(frozen=True, slots=True)

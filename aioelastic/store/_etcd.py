@@ -9,8 +9,9 @@ Theory of operation:
 * **Parts.** This module maps the Store API onto them: the exactly-once read-modify-write
   (``add``, ``append``, ``compare_set``) is the pure :mod:`._etcd_txn`, driven here; waits are
   :mod:`._etcd_watch` (watches that fail over); leases (the session lease with its marker
-  slots, TTL keys) are :mod:`._etcd_lease`; events and statistics :mod:`._etcd_events`; the
-  channels and the retry policy :mod:`._etcd_rpc`.
+  slots, TTL keys) are :mod:`._etcd_lease`; the counted writes (puts and a key count in one
+  transaction, with their lost-reply recovery) :mod:`._etcd_counted`; events and statistics
+  :mod:`._etcd_events`; the channels and the retry policy :mod:`._etcd_rpc`.
 * **TTL keys** are attached to a lease of their own, granted with the TTL rounded up to whole
   seconds (etcd's unit; etcd also raises very short TTLs to its minimum, 2 s by default).
   Writing the key again with the same TTL renews that lease first; if the lease had already
@@ -38,7 +39,8 @@ from anyio.abc import TaskGroup, TaskStatus
 from aioelastic._service import Service
 from aioelastic.store._api import DEFAULT_TIMEOUT, Snapshot, Store, Value, to_bytes
 from aioelastic.store._errors import StoreClosedError, StoreOutcomeUnknownError, StoreTimeoutError
-from aioelastic.store._etcd_combine import AddCombiner, CountedWrite, CountedWrites, SharedCalls
+from aioelastic.store._etcd_combine import AddCombiner, CountedWrites, SharedCalls
+from aioelastic.store._etcd_counted import CountedSender, snapshot
 from aioelastic.store._etcd_events import (
     EtcdEvents,
     EtcdFailover,
@@ -54,7 +56,6 @@ from aioelastic.store._etcd_rpc import (
     decode_txn,
     encode_txn,
     first_kv,
-    grpc,
     is_not_found,
     is_retryable,
     parse_endpoints,
@@ -145,6 +146,7 @@ class EtcdStore(Service, Store):
         self._tokens = itertools.count(1)
         self._adders: dict[bytes, AddCombiner] = {}
         self._counted: dict[bytes, CountedWrites] = {}
+        self._counted_sender = CountedSender(self._conn, self._data, self._txn)
         self._last_written: dict[bytes, bytes] = {}  # key -> value of this store's last add
         closed = functools.partial(StoreClosedError, f"the etcd store {self._endpoint} closed")
         self._shared_reads: SharedCalls[Hashable, Any] = SharedCalls(
@@ -594,109 +596,14 @@ class EtcdStore(Service, Store):
             self._ttl_leases.forget(key)
         writes = self._counted.setdefault(head, CountedWrites(COUNTED_OPS))
         try:
-            send = functools.partial(self._send_counted, head)
+            send = functools.partial(self._counted_sender.send, head)
             return await writes.write_and_read(puts, send, read)
         finally:
             if not writes.users and self._counted.get(head) is writes:
                 del self._counted[head]
 
     def _snapshot(self, revision: int, response_range: Any) -> Snapshot:
-        cut = len(self._data)
-        return Snapshot(revision, {kv.key[cut:].decode(): kv.value for kv in response_range.kvs})
-
-    async def _send_counted(self, head: bytes, batch: list[CountedWrite]) -> list[int]:
-        """Send ``batch`` (see :meth:`multi_set_and_count`); return each write's count and set
-        the snapshot of each write that reads."""
-        end = range_end(head)
-        count = rpc.RangeRequest(key=head, range_end=end, count_only=True)
-        counts: list[int | None] = [None] * len(batch)
-        deadline = anyio.current_time() + self._conn.retry_timeout
-        while True:
-            request = rpc.TxnRequest()
-            written: set[bytes] = set()
-            reads: list[bytes] = []
-            for entry, found in zip(batch, counts, strict=True):
-                if found is not None:
-                    continue
-                for key, value in entry.puts.items():
-                    if key not in written:
-                        put = request.success.add().request_put
-                        put.key, put.value = key, value
-                        written.add(key)
-                request.success.add().request_range.CopyFrom(count)
-                if entry.read is not None and entry.read not in reads:
-                    reads.append(entry.read)
-            for prefix in reads:
-                read = request.success.add().request_range
-                read.key, read.range_end = prefix, range_end(prefix)
-            try:
-                response = await self._txn("multi_set_and_count", request, idempotent=False)
-            except Exception as error:
-                if not is_retryable(error):
-                    raise
-                self._conn.failover(self._conn.current, error)
-                for index, entry in enumerate(batch):
-                    own = next(((k, v) for k, v in entry.puts.items() if k.startswith(head)), None)
-                    if counts[index] is None and own is not None:
-                        counts[index] = await self._count_at_write(entry, *own, head, end)
-                if all(found is not None for found in counts):
-                    return [found for found in counts if found is not None]
-                if anyio.current_time() > deadline:
-                    raise self._conn.unreachable("multi_set_and_count", error) from None
-                continue
-            ranges = [
-                op.response_range
-                for op in response.responses
-                if op.WhichOneof("response") == "response_range"
-            ]
-            revision = int(response.header.revision)
-            found_reads = {
-                prefix: self._snapshot(revision, got)
-                for prefix, got in zip(reads, ranges[len(ranges) - len(reads) :], strict=True)
-            }
-            got = iter(int(r.count) for r in ranges[: len(ranges) - len(reads)])
-            results = []
-            for entry, found in zip(batch, counts, strict=True):
-                if found is None:
-                    found = next(got)
-                    if entry.read is not None:
-                        entry.snapshot = found_reads[entry.read]
-                results.append(found)
-            return results
-
-    async def _count_at_write(
-        self, entry: CountedWrite, key: bytes, value: bytes, head: bytes, end: bytes
-    ) -> int | None:
-        """After a lost reply: the keys in ``[head, end)`` at the revision ``key`` got
-        ``value``, and (into ``entry``) the keys under the prefix it reads, at that revision
-        (None: it does not hold it, or that history was compacted)."""
-        kv = await self._read_now([key])
-        found = kv[1][0]
-        if found is None or found.value != value:
-            return None
-        at = found.mod_revision
-        request = rpc.TxnRequest()
-        count = request.success.add().request_range
-        count.key, count.range_end, count.count_only, count.revision = head, end, True, at
-        if entry.read is not None:
-            read = request.success.add().request_range
-            read.key, read.range_end, read.revision = entry.read, range_end(entry.read), at
-
-        async def attempt(member: Member, timeout: float) -> Any:
-            try:
-                return await member.kv.Txn(request, timeout=timeout, metadata=member.metadata)
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.OUT_OF_RANGE:  # compacted
-                    raise
-                return None
-
-        response = await self._conn.call("count", attempt)
-        if response is None:
-            return None
-        ranges = [op.response_range for op in response.responses]
-        if entry.read is not None:
-            entry.snapshot = self._snapshot(at, ranges[1])
-        return int(ranges[0].count) or None
+        return snapshot(self._data, revision, response_range)
 
     async def get_prefix(self, prefix: str) -> Snapshot:
         self._check_serving()

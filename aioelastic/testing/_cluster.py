@@ -29,6 +29,11 @@ from aioelastic.rendezvous import (
 )
 from aioelastic.store import MemoryStore
 from aioelastic.testing._clock import ManualClock
+from aioelastic.testing._collector import (
+    YOUNG_PER_NODE,
+    hold_young_generation,
+    release_young_generation,
+)
 from aioelastic.testing._faults import FaultyStore
 from aioelastic.testing._settle import wait_all_tasks_blocked
 
@@ -153,13 +158,12 @@ class RendezvousCluster:
     ```
     ``config`` overrides :data:`DEFAULT_CONFIG` and takes any other rendezvous option.
 
-    Thousands of nodes: each node holds about 240 objects the cyclic garbage collector tracks
-    (its handler, its four waiting tasks), and every full collection walks all of them, so
-    from a few thousand nodes up the collector is about half of a round's CPU. The cluster
-    leaves the collector alone: ``gc.freeze()`` would make it skip every object alive at that
-    moment, the caller's as well as the nodes', until ``gc.unfreeze()``, a change to the whole
-    process a test kit should not make behind its user's back. A simulation that wants it can
-    call ``gc.freeze()`` once the cluster is entered and ``gc.unfreeze()`` when it is done.
+    Thousands of nodes: while entered, a cluster raises the cyclic garbage collector's young
+    generation threshold to 100 allocations a node (``gc.set_threshold``; never lower, and back
+    when the last cluster leaves), so that what each node holds across an ``await`` is not
+    promoted and walked by full collections: a round, starting and stopping the nodes then cost
+    about N times one node's, where the default threshold made 10x the nodes cost 15-19x the
+    CPU (``aioelastic/testing/_collector.py``; ``python -m bench.kit``).
     """
 
     def __init__(
@@ -186,6 +190,7 @@ class RendezvousCluster:
         self._size = size
         self._names = (f"node{i}" for i in itertools.count())
         self._tg: TaskGroup | None = None
+        self._young: int | None = None  # the collector's threshold this cluster holds
         self.events = EventStream(node="cluster")
         """Events of the nodes' rendezvous handlers and agents, by node name."""
 
@@ -200,6 +205,7 @@ class RendezvousCluster:
 
     async def __aenter__(self) -> Self:
         self._tg = await anyio.create_task_group().__aenter__()
+        self._fit_collector(self._size)
         try:
             for _ in range(self._size):
                 await self.add_node()
@@ -219,7 +225,21 @@ class RendezvousCluster:
             return None
         for node in self.nodes:
             node._leave.set()
-        return await tg.__aexit__(exc_type, exc, tb)
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        finally:
+            if self._young is not None:
+                release_young_generation(self._young)
+                self._young = None
+
+    def _fit_collector(self, nodes: int) -> None:
+        """Hold the collector's young generation at the size of ``nodes`` nodes (or more)."""
+        if self._young is not None and nodes <= self._young // YOUNG_PER_NODE:
+            return
+        wanted = hold_young_generation(nodes)
+        if self._young is not None:
+            release_young_generation(self._young)
+        self._young = wanted
 
     def _require_running(self) -> TaskGroup:
         if self._tg is None:
@@ -240,6 +260,7 @@ class RendezvousCluster:
         self.events.attach(handler, "rendezvous", node=name)
         await tg.start(node._host)
         self.nodes.append(node)
+        self._fit_collector(len(self.nodes))
         return node
 
     async def leave(self, node: Node) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from aioelastic._launcher.launch import FlagError, config_from_args
 from aioelastic.agent import Std
-from aioelastic.agent._launch import FlagError, config_from_args
 from aioelastic.cli import build_parser
 
 

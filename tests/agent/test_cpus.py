@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aioelastic.agent._cpus import cgroup_paths, cgroup_quota_cpus, quota_cpus, usable_cpu_count
+from aioelastic._launcher.cpus import cgroup_paths, cgroup_quota_cpus, quota_cpus, usable_cpu_count
 
 
 @pytest.mark.parametrize(

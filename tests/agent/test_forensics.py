@@ -422,7 +422,7 @@ async def test_status_stacks_groups_the_ranks_of_a_running_job(tmp_path: Path) -
 
 def test_reap_core_dump_flag_reaches_the_launch() -> None:
     """`aioelastic run --reap-core-dump` turns core dumps on; they are off by default."""
-    from aioelastic.agent._launch import config_from_args
+    from aioelastic._launcher.launch import config_from_args
     from aioelastic.cli import build_parser
 
     def config(*argv: str) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic._cli_status import fetch_status
+from aioelastic._launcher.cli_status import fetch_status
 from aioelastic.rendezvous._status import format_status
 from tests.agent.conftest import BOUND, WORKER, free_port, launched, wait_gone
 

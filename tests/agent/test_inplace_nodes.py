@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic._cli_status import fetch_status, open_store
+from aioelastic._launcher.cli_status import fetch_status, open_store
 from aioelastic.agent._generations import (
     Begin,
     LogEntry,

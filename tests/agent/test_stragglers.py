@@ -6,12 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioelastic.agent._stragglers import (
-    RankStepTime,
-    StragglerSettings,
-    StragglerWatch,
-    score_window,
-)
+from aioelastic._kinds.agent import RankStepTime
+from aioelastic.events._stragglers import StragglerSettings, StragglerWatch, score_window
 
 LIFE = (0, 1)
 

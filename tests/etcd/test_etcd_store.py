@@ -131,7 +131,8 @@ async def test_a_counted_read_whose_reply_is_lost_reads_at_the_write(
     """A counted write that landed but whose reply was lost is not written twice: the count
     and the read prefix are read at the write's revision, so a later write does not show."""
     await etcd_store.set("state/latest", b"1")
-    send = etcd_store._txn
+    sender = etcd_store._counted_sender
+    send = sender._txn
     lost: list[int] = []
 
     async def lose_reply(what: str, request: object, *, idempotent: bool = True) -> object:
@@ -144,7 +145,7 @@ async def test_a_counted_read_whose_reply_is_lost_reads_at_the_write(
             )
         return response
 
-    monkeypatch.setattr(etcd_store, "_txn", lose_reply)
+    monkeypatch.setattr(sender, "_txn", lose_reply)
     count, state = await etcd_store.multi_set_count_and_read(
         ["join/a", "bell"], [b"r", b"0"], prefix="join/", read="state/"
     )

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioelastic.agent._stragglers import StragglerSettings
 from aioelastic.events import LoggedEvent, read_event_log
 from aioelastic.events._goodput import BADPUT, PRODUCTIVE, goodput_report, run_settings
+from aioelastic.events._stragglers import StragglerSettings
 
 
 def ev(time: float, kind: str, node: str = "a", **data: Any) -> LoggedEvent:

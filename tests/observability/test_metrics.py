@@ -9,6 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from aioelastic._kinds.agent import RankStepTime
 from aioelastic.agent._events import (
     GroupRestarting,
     MembershipChanged,
@@ -16,7 +17,6 @@ from aioelastic.agent._events import (
     StepTimes,
     WorkerReaped,
 )
-from aioelastic.agent._stragglers import RankStepTime
 from aioelastic.events import EventRecord, RendezvousWaiting, observe, read_event_log
 from aioelastic.metrics import (
     MetricsPortError,

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic._cli_status import fetch_status
+from aioelastic._launcher.cli_status import fetch_status
 from aioelastic.agent._report import StackRecord
 from aioelastic.agent._stack_requests import RankStack, decode_answer, encode_answer
 from aioelastic.agent._stacks import Place

@@ -322,7 +322,7 @@ def test_the_handshake_admits_exactly_the_right_proof_however_the_bytes_arrive(
 
 async def test_status_reads_a_token_protected_store_with_the_token_file(token_file: Path) -> None:
     """`aioelastic status --rdzv-conf token_file=...` reads the run; without it, it is refused."""
-    from aioelastic._cli_status import fetch_status
+    from aioelastic._launcher.cli_status import fetch_status
 
     async with TCPStoreServer(token=TOKEN) as server:
         endpoint = f"127.0.0.1:{server.port}"

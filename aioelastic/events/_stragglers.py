@@ -30,6 +30,8 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from aioelastic._kinds.agent import RankStepTime
+
 DEFAULT_WINDOW = 60.0
 """Seconds of one window."""
 
@@ -41,16 +43,6 @@ DEFAULT_GRACE = 1.0
 
 WINDOW_ENV = "AIOELASTIC_STRAGGLER_WINDOW"
 FACTOR_ENV = "AIOELASTIC_STRAGGLER_FACTOR"
-
-
-@dataclass(frozen=True, slots=True)
-class RankStepTime:
-    """One rank's step time in a window: the median of its samples, and its score."""
-
-    rank: int
-    median: float
-    score: float
-    samples: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from aioelastic.agent._cli import parse_rdzv_conf
+from aioelastic._launcher.cli_run import parse_rdzv_conf
 
 if TYPE_CHECKING:
     from aioelastic.rendezvous._status import RunStatus

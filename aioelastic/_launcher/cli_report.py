@@ -65,9 +65,9 @@ def _positive(text: str) -> float:
 
 def report_command(args: argparse.Namespace) -> int:
     """Read the logs, account, print; 2 on unusable input."""
-    from aioelastic.agent._stragglers import StragglerSettings
     from aioelastic.events import EventLogError, read_event_log
     from aioelastic.events._goodput import goodput_report, run_settings
+    from aioelastic.events._stragglers import StragglerSettings
 
     try:
         events = [event for path in args.events for event in read_event_log(path)]

@@ -24,12 +24,12 @@ import anyio
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
 
+    from aioelastic._launcher.torch_logs import Layout
     from aioelastic.agent._agent import ElasticAgent
     from aioelastic.agent._events import AgentEvent
     from aioelastic.agent._guardian import Guardian
     from aioelastic.agent._report import WorkerFailure
     from aioelastic.agent._spec import LogSpec
-    from aioelastic.agent._torch_logs import Layout
     from aioelastic.events import EventRecord
 
 PROG = "aioelastic run"
@@ -93,7 +93,7 @@ def resolve_nproc(value: int | str) -> int:
     ``cpu`` counts the CPUs this process may use (affinity and cgroup quota); ``auto`` takes
     the CUDA devices, else the XPU devices, else the CPUs.
     """
-    from aioelastic.agent._cpus import usable_cpu_count
+    from aioelastic._launcher.cpus import usable_cpu_count
 
     if isinstance(value, int):
         return value
@@ -120,7 +120,7 @@ def logs_specs_layout(name: str, logs: LogSpec, nproc: int) -> Layout:
     """``--logs-specs NAME``: the torch ``LogsSpecs`` class of that ``torchrun.logs_specs``
     entry point, built from the log flags as torchrun builds it."""
     from aioelastic._entry_points import find_entry_point
-    from aioelastic.agent._torch_logs import torch_layout
+    from aioelastic._launcher.torch_logs import torch_layout
 
     if importlib.util.find_spec("torch") is None:
         raise FlagError(f"--logs-specs {name!r} names a torch LogsSpecs class: install torch")
@@ -557,8 +557,8 @@ async def launch(config: LaunchConfig) -> int:
 
 async def _run(config: LaunchConfig, guardian: Guardian) -> int:
     from aioelastic._concurrency import unwrap_single_error
-    from aioelastic._observe import observe
-    from aioelastic._progress import watch_rendezvous
+    from aioelastic._launcher.observe import observe
+    from aioelastic._launcher.progress import watch_rendezvous
     from aioelastic.agent._agent import ElasticAgent
     from aioelastic.agent._errors import AgentError, WorkerSpecError
     from aioelastic.agent._report import format_report

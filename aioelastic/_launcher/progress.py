@@ -13,63 +13,22 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, TextIO
 
 import anyio
 
 from aioelastic._clock import Clock, MonotonicClock
 from aioelastic._concurrency import unwrap_single_error
+from aioelastic._kinds.rendezvous import RendezvousWaiting, RoundJoining
 from aioelastic.events._stream import EventStream
 from aioelastic.rendezvous._errors import RendezvousError
-from aioelastic.rendezvous._info import RoundJoining
+
+__all__ = ["DEFAULT_INTERVAL", "RendezvousWaiting", "watch_rendezvous"]
 
 logger = logging.getLogger("aioelastic.rendezvous.progress")
 
 DEFAULT_INTERVAL = 5.0
 """Seconds between two progress reports of one join."""
-
-
-@dataclass(frozen=True, slots=True)
-class RendezvousWaiting:
-    """A node has been joining run ``run_id`` for ``waited`` seconds; ``joined`` nodes so far.
-
-    ``members`` names them (``"<node id> at <address>"``) when the handler can say;
-    ``waiting_for`` is what the node waits for before it can count them (a store it has not
-    reached yet: a static node whose rank 0 is not up), when there is such a thing.
-    """
-
-    run_id: str
-    node: int
-    joined: int
-    min_nodes: int
-    max_nodes: int
-    waited: float
-    join_timeout: float
-    members: tuple[str, ...] = ()
-    waiting_for: str = ""
-
-    def describe(self) -> str:
-        """One line for humans: what the node waits for."""
-        left = max(0.0, self.join_timeout - self.waited)
-        if self.waiting_for:
-            return (
-                f"rendezvous {self.run_id!r}: node {self.node} waiting {self.waited:.0f} s for "
-                f"{self.waiting_for}; join timeout in {left:.0f} s"
-            )
-        if self.joined < self.min_nodes:
-            missing = self.min_nodes - self.joined
-            wanted = f"{missing} more node{'s' if missing > 1 else ''} (min_nodes={self.min_nodes})"
-        else:
-            wanted = f"the last call for up to max_nodes={self.max_nodes} to end"
-        shown = ", ".join(f"node {m}" for m in self.members[:6])
-        if len(self.members) > 6:
-            shown += ", ..."
-        return (
-            f"rendezvous {self.run_id!r}: node {self.node} waiting {self.waited:.0f} s for "
-            f"{wanted}; {self.joined} joined so far{f' ({shown})' if shown else ''}; "
-            f"join timeout in {left:.0f} s"
-        )
 
 
 @asynccontextmanager

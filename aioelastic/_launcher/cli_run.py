@@ -4,7 +4,7 @@ Flags, defaults and ``PET_*`` environment variables follow torchrun where the co
 same. Values are checked while parsing, so a bad flag fails at once with one line naming it.
 Nothing heavy is imported (no torch, no gRPC): a trivial job starts in a fraction of a second.
 The launch itself (flags to a :class:`LaunchConfig`, the agent, the console) is in
-``_launch.py``.
+``launch.py``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from aioelastic._launcher.launch import PROG, FlagError, config_from_args, launch, one_line_error
 from aioelastic.agent._devices import NUMA_MODES
-from aioelastic.agent._launch import PROG, FlagError, config_from_args, launch, one_line_error
 
 if TYPE_CHECKING:
     from aioelastic.agent._spec import Std
