@@ -169,7 +169,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         check_numa_binding,
         check_virtual_local_rank,
     )
-    from aioelastic.agent._env import worker_site_env
+    from aioelastic.agent._site import worker_site_env
     from aioelastic.agent._spec import DEFAULT_LINE_PREFIX, LogSpec
 
     if args.module and args.no_python:

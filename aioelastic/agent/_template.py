@@ -54,12 +54,12 @@ import anyio
 from anyio.abc import TaskGroup
 
 from aioelastic.agent import _template_codec as codec
-from aioelastic.agent._env import without_worker_site
 from aioelastic.agent._errors import AgentError
 from aioelastic.agent._events import AgentEvent, TemplateLearned, TemplateLost, TemplateReady
 from aioelastic.agent._guardian import Guardian
 from aioelastic.agent._guardian_main import TOKEN_VARIABLE
 from aioelastic.agent._learned import worth_a_template
+from aioelastic.agent._site import without_worker_site
 from aioelastic.agent._template_codec import check_module_names
 from aioelastic.agent._template_main import script_path0
 

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelastic.agent._env import WORKER_SITE, worker_site_env
+from aioelastic.agent._site import WORKER_SITE, without_worker_site, worker_site_env
 from tests.agent.conftest import BOUND, free_port, launched, static_argv
 
 WORKERS = Path(__file__).parent / "workers"
@@ -38,6 +38,14 @@ def test_worker_site_leads_the_python_path_and_keeps_the_users() -> None:
     assert worker_site_env({}) == {"PYTHONPATH": WORKER_SITE}
     joined = os.pathsep.join([WORKER_SITE, "/a", "/b"])
     assert worker_site_env({"PYTHONPATH": os.pathsep.join(["/a", "/b"])}) == {"PYTHONPATH": joined}
+
+
+def test_a_forked_worker_gets_the_path_the_hook_leaves() -> None:
+    """without_worker_site undoes worker_site_env, and leaves any other path alone."""
+    for given in ({}, {"PYTHONPATH": "/a"}, {"PYTHONPATH": os.pathsep.join(["/a", "/b"])}):
+        env = {"HOME": "/root", **given}
+        assert without_worker_site({**env, **worker_site_env(env)}) == env
+    assert without_worker_site({"PYTHONPATH": "/a"}) == {"PYTHONPATH": "/a"}
 
 
 async def test_a_worker_sees_its_own_path_and_its_own_sitecustomize(tmp_path: Path) -> None:
