@@ -9,6 +9,9 @@ threads first, so nothing is left for them to release. Torch asks scripts to cal
 not, so every Python worker ``aioelastic run`` starts calls it at exit (:mod:`._worker_site`)
 and a :class:`~aioelastic.worker.World` calls it when it ends.
 
+A destroyed group is kept (:data:`_RETIRED`) until the next one is destroyed or the process
+exits: see :func:`destroy_default_process_group` for the deadlock that prevents.
+
 Only the standard library is imported here: this runs in every worker before its script.
 """
 
@@ -18,17 +21,41 @@ import atexit
 import os
 import sys
 import threading
+from typing import Any
 
 EXIT_DESTROY_TIMEOUT = 30.0
 """How long the exit hook lets ``destroy_process_group()`` run before the process exits anyway:
 it waits for collectives still queued, which never finish if a peer hangs."""
 
 
+_RETIRED: list[Any] = []
+"""The default process group :func:`destroy_default_process_group` destroyed last: one Python
+reference, dropped at the next destroy or at exit."""
+_DROPPED_AT_EXIT = False
+
+
 def destroy_default_process_group() -> None:
-    """Destroy torch's default process group if this process made one (torch not imported: no)."""
+    """Destroy torch's default process group if this process made one (torch not imported: no).
+
+    The destroyed group stays referenced from here until the next call (which drops it) or
+    exit, so that a ``DistributedDataParallel`` built on it, which usually outlives its world
+    (a local of the training function), is never the group's last owner. Its reducer is freed
+    with the GIL held, and gloo's destructor joins the group's worker threads, while one of
+    them may still be releasing the last ``all_reduce``, whose saved thread-local state holds
+    a Python object (the ``contextvars`` context torch stashes for a backward): that release
+    waits for the GIL, the join waits for the thread, and the rank never exits. Torch's Python
+    wrapper of a group releases the GIL before destroying it, so dropping it here is safe.
+    """
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    group = dist.group.WORLD
+    dist.destroy_process_group()
+    global _DROPPED_AT_EXIT
+    if not _DROPPED_AT_EXIT:  # also where no exit hook was installed (torchrun, say)
+        _DROPPED_AT_EXIT = True
+        atexit.register(_destroy_at_exit, EXIT_DESTROY_TIMEOUT)
+    _RETIRED[:] = [group]  # the previous world's group goes: its DDP was replaced by now
 
 
 def _destroy_at_exit(timeout: float) -> None:
@@ -39,6 +66,7 @@ def _destroy_at_exit(timeout: float) -> None:
     timer.start()
     try:
         destroy_default_process_group()
+        _RETIRED.clear()  # the script's DDP is gone: the groups' threads are joined now
     except Exception as exc:  # the script has ended: say why, never mask its own exit
         print(f"aioelastic: destroy_process_group() at exit failed: {exc!r}", file=sys.stderr)
     finally:

@@ -76,6 +76,7 @@ def test_a_destroy_that_hangs_at_exit_is_cut_short(tmp_path: Path) -> None:
                 time.sleep(3600)  # a collective still waiting for a hung peer
 
             dist = types.ModuleType("torch.distributed")
+            dist.group = types.SimpleNamespace(WORLD=object())
             dist.is_available = lambda: True
             dist.is_initialized = lambda: True
             dist.destroy_process_group = destroy_process_group
@@ -109,3 +110,24 @@ async def test_a_static_job_hands_workers_the_master_address_and_destroys_at_exi
         assert f"rank {rank} master 127.0.0.1:{port}" in agent.out.text, agent
         assert f"rank {rank} sum 2" in agent.out.text, agent
         assert f"rank {rank} destroyed at exit" in agent.out.text, agent
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+async def test_a_ddp_that_outlives_its_world_is_never_its_groups_last_owner(tmp_path: Path) -> None:
+    """A DDP freed after its world's group was destroyed, while a gloo thread waits for the GIL
+    to release the last all_reduce, does not join that thread with the GIL held (the rank that
+    never exited, issue 37): the destroyed group is kept until the next destroy or exit."""
+    store = str(tmp_path / "store")
+    script = str(WORKERS / "ddp_last_owner.py")
+    ranks = [[sys.executable, script, store, str(rank)] for rank in (0, 1)]
+    with anyio.fail_after(BOUND):
+        async with (
+            await anyio.open_process(ranks[0], stderr=subprocess.STDOUT) as first,
+            await anyio.open_process(ranks[1], stderr=subprocess.STDOUT) as second,
+        ):
+            assert first.stdout is not None
+            out = b"".join([chunk async for chunk in first.stdout]).decode()
+            statuses = [await first.wait(), await second.wait()]
+    assert statuses == [0, 0], out
+    assert "rank 0 freed its DDP" in out

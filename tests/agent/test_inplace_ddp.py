@@ -37,12 +37,6 @@ def weights(path: Path) -> dict[str, Any]:
     return loaded
 
 
-@pytest.mark.skipif(
-    os.environ.get("AIOELASTIC_RUN_KNOWN_HANG") != "1",
-    reason="known open bug (issue 37): after the other torch tests of tests/agent in one session "
-    "this run hangs with no output (it passes alone in 11-17 s); AIOELASTIC_RUN_KNOWN_HANG=1 "
-    "runs it",
-)
 async def test_a_kill_9_with_a_spare_loses_no_step_and_takes_none_twice(tmp_path: Path) -> None:
     """Rank 1 is killed at step 7 once the spare is warm: the spare, handed the state by rank 0,
     held torch._dynamo before its DDP, and the final weights equal those of a run without the
