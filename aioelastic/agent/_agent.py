@@ -49,6 +49,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from aioelastic._concurrency import first_of, unwrap_single_error
 from aioelastic._service import Service
 from aioelastic._subscribers import Subscribers
+from aioelastic.agent._attempts import Attempts
 from aioelastic.agent._env import NodeSlot, RoundInfo, WorkerRanks, assign_ranks
 from aioelastic.agent._errors import AgentStateError
 from aioelastic.agent._events import (
@@ -70,18 +71,14 @@ from aioelastic.agent._events import (
     StragglerDetected,
     TimeoutsLearnedIn,
 )
+from aioelastic.agent._generation_log import INPLACE_RECORD_PREFIX, NodeRecord
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup
 from aioelastic.agent._guardian import Guardian, guardian_for
 from aioelastic.agent._learned import watch as watch_loaded
 from aioelastic.agent._logs import console_writer, make_run_log_dir
 from aioelastic.agent._policy import Decision, Step, after_attempt
 from aioelastic.agent._preemption import Preemption, watch_file
-from aioelastic.agent._recovery import (
-    INPLACE_RECORD_PREFIX,
-    Attempts,
-    NodeRecord,
-    SharedInPlaceGroup,
-)
+from aioelastic.agent._recovery import InPlaceGroup
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.agent._status import encode_step_times, step_times_key
@@ -649,12 +646,12 @@ class ElasticAgent(Service):
         assert self._kill_now is not None
         self._group = group
         waiter = self._wait_round_or_answer_stacks
-        if isinstance(group, SharedInPlaceGroup):
+        shared = isinstance(group, InPlaceGroup) and group.shared
+        if shared:
             waiter = self._follow_rounds
         preemption, store = self._preemption, self._round_store
         # In-place recovery across nodes answers a node's signal its own way: the node
         # leaves, and the others go on in a smaller world.
-        shared = isinstance(group, SharedInPlaceGroup)
         if preemption is not None and store is not None and not shared:
             follow = waiter
 

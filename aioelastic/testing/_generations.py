@@ -1,9 +1,10 @@
-"""A whole job's world in one object: the generation protocol driven like the agent drives it.
+"""A whole job's world in one object: the agents' replicas driven like the agents drive them.
 
-:class:`WorldSimulation` runs a :class:`~aioelastic.agent._generations.GenerationMachine`
-against simulated worker processes and a manual clock, and checks the protocol's promises after
-every step (:meth:`WorldSimulation.check`), so a test (or a hypothesis state machine) only says
-what happens to the processes:
+:class:`WorldSimulation` runs the agents' own core, :class:`~aioelastic.agent._replica.Replica`
+(the :class:`~aioelastic.agent._generations.GenerationMachine` and the agents' timers), against
+simulated worker processes and a manual clock, and checks the protocol's promises after every
+step (:meth:`WorldSimulation.check`), so a test (or a hypothesis state machine) only says what
+happens to the processes:
 
 ```python
 sim = WorldSimulation({0: NodeSpec(4, spares=1)})
@@ -13,29 +14,31 @@ sim.enter_all()
 assert sim.machine.generation.number == 2
 ```
 
-With ``replicas=N`` the simulation is a job over many agents: every event goes through the
-generation log's codec and is fed to N replicas of the machine, each on a clock of its own (an
-offset), and every replica must say exactly what the first one says. A node that joins gets a
-late replica that replays the whole log first, as a joining agent does. Deadlines then enter the
-log as :class:`~aioelastic.agent._generations.TimedOut`, as the agents append them.
+Every event goes through a log that every replica is fed from, as in the agent. With
+``replicas=N`` the simulation is a job over many agents: the log's entries go through its codec,
+each replica has a clock of its own (an offset), and every replica must decide exactly what the
+first one does. A node that joins gets a late replica that replays the whole log first, as a
+joining agent does (:meth:`~aioelastic.agent._replica.Replica.join`). Time passing fires each
+replica's own deadlines (:meth:`~aioelastic.agent._replica.Replica.due`): a generation that did
+not form, and with ``leave_timeout`` a survivor of its node that did not leave its ended world.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from aioelastic.agent._generations import (
     LEAVE_CAUSES,
+    TERMINAL_PHASES,
     Assign,
     Begin,
     Command,
     EndWorld,
-    Entered,
     Event,
     Evict,
     EvictCause,
-    Exited,
     FallBack,
     Finish,
     Generation,
@@ -51,17 +54,15 @@ from aioelastic.agent._generations import (
     OwnError,
     Phase,
     Place,
-    Ready,
     Spawn,
     Stop,
-    Tick,
-    TimedOut,
     Troubled,
     VerdictDue,
     WorkerKey,
     decode_entry,
     encode_entry,
 )
+from aioelastic.agent._replica import Replica
 from aioelastic.testing._clock import ManualClock
 
 
@@ -98,7 +99,11 @@ class ProtocolViolation(AssertionError):
 
 
 class WorldSimulation:
-    """A job's workers and the generation machine that looks after them (see the module)."""
+    """A job's workers and the agents' replicas that look after them (see the module).
+
+    ``leave_timeout``: how long a survivor told that its world ended has to enter the next
+    before its agent reports it stuck (default: never by itself; :meth:`stuck` says so).
+    """
 
     def __init__(
         self,
@@ -106,18 +111,19 @@ class WorldSimulation:
         *,
         recovery_timeout: float = 30.0,
         replicas: int = 1,
+        leave_timeout: float = math.inf,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"a simulation needs at least one replica, got {replicas!r}")
         self.clock = ManualClock()
         self.specs = dict(nodes)
-        self._initial = dict(nodes)
         self.recovery_timeout = recovery_timeout
-        self.machine = GenerationMachine(nodes, recovery_timeout=recovery_timeout)
-        self.replicas = [
-            GenerationMachine(nodes, recovery_timeout=recovery_timeout) for _ in range(replicas - 1)
-        ]
-        """The other agents' replicas (``replicas=N``), each fed every logged event."""
+        self.leave_timeout = leave_timeout
+        self._begin = Begin(dict(nodes), 1)
+        self._replicated = replicas > 1
+        order = sorted(nodes)
+        self.agents = [self._replica(order[i % len(order)], i) for i in range(replicas)]
+        """Each agent's replica (the first one's decisions are the simulation's)."""
         self.log: list[bytes] = []
         """The generation log so far (replicated simulations only)."""
         self.running: dict[WorkerKey, SimulatedWorker] = {}
@@ -127,30 +133,53 @@ class WorldSimulation:
         self.fallback: str | None = None
         self.finished = False
         self.commands: list[Command] = []
-        commands = self.machine.start(self.clock.now())
-        for index, replica in enumerate(self.replicas, 1):
-            self._agree(index, commands, replica.start(self._their_now(index)))
-        self._apply(commands)
+        self._entries = 0
+        for index, agent in enumerate(self.agents):
+            agent.begin(self._begin, self._their_now(index))
+            self._agree(index, self.agents[0].decided, agent.decided)
+        self._apply(self.agents[0].decided)
+
+    def _replica(self, node: int, index: int) -> Replica:
+        replica = Replica(
+            node,
+            recovery_timeout=self.recovery_timeout,
+            replicated=self._replicated,
+            token=f"agent-{index}",
+            leave_timeout=self.leave_timeout,
+        )
+        return replica
+
+    @property
+    def machine(self) -> GenerationMachine:
+        """The first agent's machine: what the simulation checks."""
+        machine = self.agents[0].machine
+        assert machine is not None
+        return machine
+
+    @property
+    def replicas(self) -> list[GenerationMachine]:
+        """The other agents' machines (``replicas=N``), each fed every logged event."""
+        return [a.machine for a in self.agents[1:] if a.machine is not None]
 
     # -- what happens to the processes ---------------------------------------------------------
 
     def ready(self, key: WorkerKey) -> None:
         """``key`` calls ``worker.worlds()``."""
         self.running[key].asked = True
-        self._send(Ready(key))
+        self._send(self._agent_of(key.node).saw_hello(key))
 
     def enter(self, key: WorkerKey) -> None:
         """``key`` enters the world it was given (``with world:``)."""
         place = self.running[key].place
         if place is None:
             raise ValueError(f"worker {key} has no world to enter")
-        self._send(Entered(key, place.generation))
+        self._send(self._agent_of(key.node).saw_enter(key, place.generation))
 
     def fail(self, key: WorkerKey, returncode: int = 1) -> None:
         """``key``'s process dies (``returncode`` 0: it finished)."""
         del self.running[key]
         self.exited[key] = returncode
-        self._send(Exited(key, returncode))
+        self._send(self._agent_of(key.node).saw_exit(key, returncode))
 
     def lose_node(self, node: int, *, left: bool = False) -> None:
         """``node``'s agent dies (``left``: it stops and says so): its workers die with it."""
@@ -167,18 +196,21 @@ class WorldSimulation:
         self._send(NodeLost(node))
 
     def join_node(self, node: int, spec: NodeSpec) -> None:
-        """A new node's agent joins the job (replicated: it replays the log first)."""
-        if self.replicas:
-            late = GenerationMachine(self._initial, recovery_timeout=self.recovery_timeout)
-            late.start(self.clock.now())
-            for raw in self.log:
-                logged = decode_entry(raw).event
-                assert not isinstance(logged, Begin)
-                late.send(logged, self.clock.now())
-            self.replicas.append(late)
-            self._send(NodeLost(node))  # as a joining agent does: an earlier life of it is gone
+        """A new node's agent joins the job (replicated: a replica that replays the log first,
+        then logs that the node's earlier life is lost and that it joins)."""
+        if not self._replicated:
+            self.specs[node] = spec
+            self._send(NodeJoined(node, spec))
+            return
+        late = self._replica(node, len(self.agents))
+        arrival = late.join(self._begin, spec, self.clock.now())
+        for raw in self.log:
+            late.feed(decode_entry(raw), self.clock.now())
+        self.agents.append(late)
+        lost, joined = arrival
+        self._send(lost, by=late.token)
         self.specs[node] = spec
-        self._send(NodeJoined(node, spec))
+        self._send(joined, by=late.token)
 
     def trouble(self, key: WorkerKey) -> None:
         """An exception leaves ``key``'s ``with world:``: it asks whether its world ended."""
@@ -209,13 +241,14 @@ class WorldSimulation:
         self._send(LeaveDue(key, max(ended), cause, detail))
 
     def advance(self, seconds: float) -> None:
-        """Time passes (deadlines that are due fire)."""
+        """Time passes: what each agent's replica finds due is logged, in agent order."""
         self.clock.advance(seconds)
-        generation = self.machine.generation
-        if not self.replicas:
-            self._send(Tick())
-        elif generation is not None and self.clock.now() >= self.machine.deadline:
-            self._send(TimedOut(generation.number))
+        for index, agent in enumerate(list(self.agents)):
+            if agent.replaying or self.machine.phase in TERMINAL_PHASES:
+                continue
+            for event in agent.due(self._their_now(index)):
+                if self.machine.phase not in TERMINAL_PHASES:
+                    self._send(event, by=agent.token)
 
     # -- conveniences ---------------------------------------------------------------------------
 
@@ -235,17 +268,19 @@ class WorldSimulation:
         ]
 
     def ready_all(self) -> None:
+        """Every running worker that has not asked asks (until the world ends)."""
         for key in self.waiting():
-            if key in self.running:
+            if key in self.running and self.machine.phase not in TERMINAL_PHASES:
                 self.ready(key)
 
     def enter_all(self) -> None:
         """Everyone ready asks, and every assigned worker enters, until nothing changes."""
-        while self.machine.phase not in (Phase.FINISHED, Phase.FELL_BACK):
+        while self.machine.phase not in TERMINAL_PHASES:
             before = len(self.commands)
             self.ready_all()
             for key in self.assigned():
-                self.enter(key)
+                if self.machine.phase not in TERMINAL_PHASES:
+                    self.enter(key)
             if len(self.commands) == before:
                 return
 
@@ -256,22 +291,25 @@ class WorldSimulation:
             raise ValueError("no generation was assigned yet")
         return generation.members[rank]
 
-    # -- the machine and its promises --------------------------------------------------------------
+    # -- the log and the replicas' promises ------------------------------------------------------
 
-    def _send(self, event: Event) -> None:
-        if not self.replicas:
-            commands = self.machine.send(event, self.clock.now())
-            self._apply(commands)
-            self._killed(commands)
-            return
-        raw = encode_entry(LogEntry(event, "sim", len(self.log)))
-        self.log.append(raw)
-        logged = decode_entry(raw).event
-        if logged != event:
-            raise ProtocolViolation(f"the log turned {event} into {logged}")
-        commands = self.machine.send(event, self.clock.now())
-        for index, replica in enumerate(self.replicas, 1):
-            self._agree(index, commands, replica.send(event, self._their_now(index)))
+    def _agent_of(self, node: int) -> Replica:
+        """The replica of ``node``'s agent (the first agent's where none is simulated)."""
+        return next((a for a in self.agents if a.node == node), self.agents[0])
+
+    def _send(self, event: Event, *, by: str = "sim") -> None:
+        entry = LogEntry(event, by, self._entries)
+        self._entries += 1
+        if self._replicated:
+            raw = encode_entry(entry)
+            self.log.append(raw)
+            entry = decode_entry(raw)
+            if entry.event != event:
+                raise ProtocolViolation(f"the log turned {event} into {entry.event}")
+        for index, agent in enumerate(self.agents):
+            agent.feed(entry, self._their_now(index))
+            self._agree(index, self.agents[0].decided, agent.decided)
+        commands = self.agents[0].decided
         self._apply(commands)
         self._killed(commands)
 
@@ -279,7 +317,7 @@ class WorldSimulation:
         """The shell kills what the machine evicted; its pidfd then reports the exit."""
         for command in commands:
             if isinstance(command, Evict):
-                self._send(Exited(command.worker, -9))
+                self._send(self._agent_of(command.worker.node).saw_exit(command.worker, -9))
 
     def _their_now(self, index: int) -> float:
         """Replica ``index``'s clock: another host's monotonic clock, far from ours."""
