@@ -39,7 +39,7 @@ import select
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from aioelastic.worker._protocol import Lines, LinkProtocolError
@@ -136,12 +136,16 @@ class TcpSocket:
     remote: tuple[str, int]
 
 
-def parse_proc_net_tcp(text: str, *, v6: bool) -> list[TcpSocket]:
-    """The sockets listed in the text of ``/proc/net/tcp`` (``v6``: ``tcp6``)."""
+def parse_proc_net_tcp(
+    text: str, *, v6: bool, inodes: Collection[int] | None = None
+) -> list[TcpSocket]:
+    """The sockets listed in the text of ``/proc/net/tcp`` (``v6``: ``tcp6``); with
+    ``inodes``, only those (the table lists every socket of the network namespace: parsing
+    only a process's own keeps an abort quick on a host with thousands of connections)."""
     found = []
     for line in text.splitlines()[1:]:
         fields = line.split()
-        if len(fields) < 10:
+        if len(fields) < 10 or (inodes is not None and int(fields[9]) not in inodes):
             continue
         local, remote = (_endpoint(field, v6) for field in fields[1:3])
         found.append(TcpSocket(int(fields[9]), fields[3] == TCP_ESTABLISHED, local, remote))
@@ -176,13 +180,13 @@ def socket_inodes() -> dict[int, int]:
     return found
 
 
-def tcp_sockets() -> list[TcpSocket]:
-    """Every TCP socket of this network namespace (this process's among them)."""
+def tcp_sockets(inodes: Collection[int] | None = None) -> list[TcpSocket]:
+    """Every TCP socket of this network namespace (with ``inodes``: only those)."""
     found = []
     for name, v6 in (("/proc/self/net/tcp", False), ("/proc/self/net/tcp6", True)):
         try:
             with open(name) as table:
-                found += parse_proc_net_tcp(table.read(), v6=v6)
+                found += parse_proc_net_tcp(table.read(), v6=v6, inodes=inodes)
         except OSError:
             continue
     return found
@@ -193,7 +197,7 @@ def connections_to(addresses: Iterable[tuple[str, int]]) -> dict[int, int]:
     mine, wanted = socket_inodes(), set(addresses)
     return {
         s.inode: mine[s.inode]
-        for s in tcp_sockets()
+        for s in tcp_sockets(mine)
         if s.established and s.inode in mine and s.remote in wanted
     }
 
@@ -206,7 +210,7 @@ def connections_to_close(
     mine, before, kept = socket_inodes(), set(opened_before), set(keep)
     return {
         s.inode: mine[s.inode]
-        for s in tcp_sockets()
+        for s in tcp_sockets(mine)
         if s.established
         and s.inode in mine
         and s.inode not in before

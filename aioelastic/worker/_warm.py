@@ -158,18 +158,28 @@ def while_idle(link: Link) -> bool:
     return True
 
 
+OPTIMIZER_NEEDS = "torch._dynamo"
+"""What torch's first optimizer imports (about 800 modules, 1-1.6 s here): a spare takes the
+throwaway optimizer step only once the workers' modules brought it in."""
+
+
 def warm_up_torch() -> None:
     """One throwaway backward and optimizer step, if torch is loaded: the autograd engine,
     the optimizer's code path and the intra-op thread pool start here rather than in the
     spare's first step (about 1 ms of CPU on a 2-core machine). It draws no random number
-    and leaves no state; never in a process that will fork (it runs tensor ops)."""
+    and leaves no state; never in a process that will fork (it runs tensor ops).
+
+    It imports nothing the workers did not load: the optimizer step only where
+    :data:`OPTIMIZER_NEEDS` is loaded already. Otherwise a spare would spend a second or more
+    importing what no worker uses, deaf to its link: a world assigned meanwhile waits."""
     torch: Any = sys.modules.get("torch")
     if torch is None:
         return
     try:
         weight = torch.ones(4, 4, requires_grad=True)
         (torch.ones(2, 4) @ weight).sum().backward()
-        torch.optim.SGD([weight], lr=0.1).step()
+        if OPTIMIZER_NEEDS in sys.modules:
+            torch.optim.SGD([weight], lr=0.1).step()
         torch.ones(1 << 16).add_(1)  # above the intra-op grain size: the pool starts
     except Exception as exc:  # a broken or stubbed torch: warming is only worth trying
         logger.info("warming: the throwaway step failed (%s)", exc)

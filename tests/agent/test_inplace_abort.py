@@ -97,6 +97,14 @@ def test_proc_net_tcp_rows_give_each_sockets_ends_and_state() -> None:
     ]
 
 
+def test_only_the_rows_of_the_given_sockets_are_read() -> None:
+    """With inodes, the other sockets of the namespace (any number) are skipped unread."""
+    noise = "".join(f"   {n}: garbled row of another process 6 7 8 {9000 + n}\n" for n in range(50))
+    assert parse_proc_net_tcp(PROC_NET_TCP + noise, v6=False, inodes={4102}) == [
+        TcpSocket(4102, True, ("127.0.0.1", 54321), ("127.0.0.1", 8080)),
+    ]
+
+
 @asynccontextmanager
 async def two_ranks(
     env: dict[str, str], where: str = "collective"

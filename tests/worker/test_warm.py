@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import socket
+import subprocess
 import sys
 import textwrap
 import types
@@ -174,3 +175,16 @@ def test_the_throwaway_step_draws_no_random_number() -> None:
     before = torch.get_rng_state()
     _warm.warm_up_torch()
     assert torch.equal(before, torch.get_rng_state())
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_the_throwaway_step_imports_nothing_the_workers_did_not_load() -> None:
+    """Without torch._dynamo loaded (no worker ran an optimizer) the spare's throwaway step
+    skips the optimizer, whose first use imports it: a spare stays able to hear its world."""
+    probe = (
+        "import sys, torch; from aioelastic.worker import _warm; _warm.warm_up_torch(); "
+        "print(_warm.OPTIMIZER_NEEDS in sys.modules)"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, check=True)
+    assert ran.stdout.decode().split() == ["False"]
