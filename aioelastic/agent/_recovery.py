@@ -170,7 +170,8 @@ class InPlaceGroup(LinkedWorkers):
         self._linked: dict[g.WorkerKey, _Linked] = {}
         self._remote_pids: dict[g.WorkerKey, int] = {}
         self._tell, self._heard = anyio.create_memory_object_stream[Notice](math.inf)
-        self._reports: list[AgentEvent] = []
+        self._reports: list[Callable[[], AgentEvent]] = []
+        """Reports made once the workers were told (reading an error file, writing events)."""
         self._shown = anyio.Event()
         if self.warm_modules is None:
             self.warm_modules = []
@@ -341,8 +342,8 @@ class InPlaceGroup(LinkedWorkers):
             ended = self._apply(commands)
             self._shown.set()
             reports, self._reports = self._reports, []
-            for report in reports:  # after the survivors were told: reports cost file writes
-                self._emit(report)
+            for report in reports:  # after the survivors were told: reports cost file I/O
+                self._emit(report())
             if ended is not None:
                 return ended
 
@@ -430,7 +431,7 @@ class InPlaceGroup(LinkedWorkers):
             )
         elif self.replica.live:
             self.reported.add(worker.process.pid)
-            self._reports.append(WorkerFailed(self._failure_of(worker)))
+            self._reports.append(lambda: WorkerFailed(self._failure_of(worker)))
         return self._record(event, now)
 
     def _answered(self, linked: _Linked, reply: AbortReply, now: float) -> None:
