@@ -224,17 +224,20 @@ class InPlaceGroup(LinkedWorkers):
         """A node stopped by a signal leaves the world cleanly: across nodes it logs its own
         loss before its workers stop, so the others make their smaller world at once instead
         of after a heartbeat timeout (and never take its workers' deaths for their own)."""
-        if self._shutdown() is not None and self.live and not self.replica.replaying:
+        leaving = self.replica.saw_leaving() if self._shutdown() is not None else None
+        if leaving is not None and self.running:
             with anyio.move_on_after(LEAVE_NOTICE_TIMEOUT):
-                await self._log.append_now(g.NodeLost(self.node, left=True))
+                await self._log.append_now(leaving)
         await super()._stop(reason, signum, kill_now)
 
     def _on_rendezvous_event(self, event: RendezvousEvent) -> None:
         """The node that finds its ring successor's heartbeat gone logs it lost at once: the
         survivors' next generation need not wait for the next round (``last_call_timeout``)."""
-        if isinstance(event, RendezvousNodeLost) and not self.replica.replaying and self.live:
+        if isinstance(event, RendezvousNodeLost) and self.running:
+            now = anyio.current_time()
             with contextlib.suppress(anyio.ClosedResourceError):  # the attempt just ended
-                self._record(g.NodeLost(event.lost), anyio.current_time())
+                for lost in self.replica.saw_node_lost(event.lost):
+                    self._record(lost, now)
 
     def new_round(self, records: Sequence[NodeRecord], round_: int) -> tuple[Outcome, str] | None:
         """A later round completed while the epoch runs: nodes gone from it are lost (their
@@ -245,10 +248,9 @@ class InPlaceGroup(LinkedWorkers):
                 f"this node's in-place epoch {self.epoch} is not the job's live one "
                 f"({plan.epoch}); its workers stop and it joins that one"
             )
-        if not self.replica.replaying:
-            for node in self.machine.nodes:
-                if node not in plan.members:
-                    self._record(g.NodeLost(node), anyio.current_time())
+        now = anyio.current_time()
+        for event in self.replica.saw_round(plan.members):
+            self._record(event, now)
         return None
 
     # -- hooks of WorkerGroup.run ---------------------------------------------------------------

@@ -34,7 +34,7 @@ The rules that are not the machine's but every agent's:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from aioelastic.agent._generation_log import Begin, LogEntry
@@ -137,6 +137,12 @@ class Replica:
         return machine is not None and machine.phase not in (Phase.FINISHED, Phase.FELL_BACK)
 
     @property
+    def ended(self) -> bool:
+        """Whether the replica's epoch finished or fell back."""
+        machine = self.machine
+        return machine is not None and machine.phase in (Phase.FINISHED, Phase.FELL_BACK)
+
+    @property
     def last_generation(self) -> int:
         """The newest generation number this replica has seen (0: none)."""
         machine = self.machine
@@ -196,6 +202,26 @@ class Replica:
     def saw_cannot_abort(self, key: WorkerKey, generation: int, detail: str, now: float) -> None:
         """``key`` answered that it cannot abort ``generation``'s collectives."""
         self._leaving.cannot_abort(key, generation, detail, now)
+
+    def saw_node_lost(self, node: int) -> list[Event]:
+        """The rendezvous says ``node`` is gone (its heartbeat stopped): log it, unless this
+        replica is still replaying (it acts on nothing yet) or its epoch ended."""
+        return [] if self.replaying or self.ended else [NodeLost(node)]
+
+    def saw_round(self, members: Collection[int]) -> list[Event]:
+        """A later rendezvous round of ``members`` completed: the epoch's nodes not among
+        them are lost."""
+        machine = self.machine
+        if machine is None or self.replaying:
+            return []
+        return [NodeLost(node) for node in machine.nodes if node not in members]
+
+    def saw_leaving(self) -> Event | None:
+        """This node stops (a signal): what to log at once, so that the others make their
+        smaller world now rather than after a heartbeat timeout (None: nothing to say)."""
+        if self.replaying or self.ended:
+            return None
+        return NodeLost(self.node, left=True)
 
     # -- time -------------------------------------------------------------------------------------
 

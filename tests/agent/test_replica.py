@@ -23,6 +23,8 @@ from aioelastic.agent._generations import (
     GenerationAssigned,
     GenerationProtocolError,
     LogEntry,
+    NodeJoined,
+    NodeLost,
     NodeSpec,
     Phase,
     Ready,
@@ -295,3 +297,26 @@ def test_a_generation_that_does_not_form_is_due_once_as_timed_out() -> None:
     assert core.due(9.0) == []
     assert core.due(10.0) == [TimedOut(1)]
     assert core.next_due() == float("inf")
+
+
+def test_a_round_without_some_of_the_epochs_nodes_makes_them_lost() -> None:
+    """Nodes of the epoch missing from a later round are logged lost; the others are not."""
+    core = Replica(0, recovery_timeout=10.0, replicated=True)
+    core.begin(Begin({0: NodeSpec(1), 1: NodeSpec(1), 2: NodeSpec(1)}, 1), 0.0)
+    assert core.saw_round({0, 2}) == [NodeLost(1)]
+    assert core.saw_round({0, 1, 2}) == []
+
+
+def test_a_replaying_replica_logs_no_loss_and_no_leaving() -> None:
+    """Until its own arrival is read back, a joining replica reports nothing of the others."""
+    core = Replica(3, recovery_timeout=10.0, replicated=True, token="me")
+    arrival = core.join(Begin({0: NodeSpec(1)}, 1), NodeSpec(1), 0.0)
+    assert arrival == [NodeLost(3), NodeJoined(3, NodeSpec(1))]
+    assert core.saw_node_lost(0) == []
+    assert core.saw_round(set()) == []
+    assert core.saw_leaving() is None
+    core.feed(LogEntry(arrival[0], "me"), 0.0)
+    core.feed(LogEntry(arrival[1], "me"), 0.0)
+    assert not core.replaying
+    assert core.saw_node_lost(0) == [NodeLost(0)]
+    assert core.saw_leaving() == NodeLost(3, left=True)
