@@ -60,8 +60,8 @@ from aioelastic.agent._guardian import Guardian
 from aioelastic.agent._guardian_main import TOKEN_VARIABLE
 from aioelastic.agent._learned import worth_a_template
 from aioelastic.agent._site import without_worker_site
+from aioelastic.agent._template_checks import script_path0
 from aioelastic.agent._template_codec import check_module_names
-from aioelastic.agent._template_main import script_path0
 
 logger = logging.getLogger(__name__)
 

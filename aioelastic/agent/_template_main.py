@@ -28,8 +28,8 @@ template included: a plain worker would have registered them too), the streams f
 template tells the agent the pid only once the child has set all that up, so the worker's
 process group exists when the agent first signals it.
 
-This module imports only the standard library (the codec by its path), so the template's
-children carry nothing of the agent.
+This module imports only the standard library (the codec and the checks by their paths), so
+the template's children carry nothing of the agent.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import contextlib
 import ctypes
 import fcntl
 import gc
-import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -63,157 +62,27 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from aioelastic.agent import _template_checks as checks
     from aioelastic.agent import _template_codec as codec
 else:
 
-    def _load_codec() -> ModuleType:
-        name = "_aioelastic_template_codec"
+    def _load_sibling(stem: str) -> ModuleType:
+        """This package's module ``stem``, loaded by its path (not through ``aioelastic``)."""
+        name = f"_aioelastic{stem}"
         if name in sys.modules:
             return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("_template_codec.py")
-        )
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{stem}.py"))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
         return module
 
-    codec = _load_codec()
+    codec = _load_sibling("_template_codec")
+    checks = _load_sibling("_template_checks")
 
 PR_SET_PDEATHSIG = 1
 SEED_VARIABLE = "AIOELASTIC_SEED"
 """A worker environment variable fixing the seed the children's streams derive from."""
-
-
-# -- the checks (pure: they are given what they judge) ----------------------------------------
-
-
-def thread_refusal(
-    status: str, python_threads: Sequence[str], os_threads: Sequence[str]
-) -> str | None:
-    """Why a process whose ``/proc/self/status`` is ``status`` must not fork (None: it may).
-
-    ``python_threads`` names the threads :func:`threading.enumerate` knows besides the main
-    one; ``os_threads`` the OS tasks' names (``comm``) besides the main one.
-    """
-    count = next(
-        (int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")), 1
-    )
-    if count <= 1:
-        return None
-    named = ", ".join(repr(n) for n in python_threads) or "none (native threads only)"
-    tasks = ", ".join(repr(n) for n in os_threads)
-    return (
-        f"the template has {count} threads and cannot fork safely: Python threads {named}; "
-        f"OS threads {tasks}. A preloaded module started them on import: preload only modules "
-        "that start no thread, or start the threads in the worker (after the fork)"
-    )
-
-
-def cuda_refusal(modules: Mapping[str, Any]) -> str | None:
-    """Why forking is unsafe because torch initialised CUDA in this process (None: it did not)."""
-    torch = modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    is_initialized = getattr(cuda, "is_initialized", None)
-    if is_initialized is None or not is_initialized():
-        return None
-    return (
-        "CUDA is initialised in the template (a preloaded module created a CUDA context on "
-        "import): a forked worker cannot use CUDA. Preload only modules that do not touch "
-        "CUDA on import; workers initialise CUDA themselves after the fork"
-    )
-
-
-def socket_refusal(links: Mapping[int, str], own: Collection[int]) -> str | None:
-    """Why forking would hand workers a socket (``links``: descriptor to its
-    ``/proc/self/fd`` link; ``own``: the template's control socket). None: no such socket."""
-    held = sorted(fd for fd, link in links.items() if link.startswith("socket:") and fd not in own)
-    if not held:
-        return None
-    return (
-        f"the template holds socket descriptor(s) {held}: a preloaded module opened a "
-        "connection or a listening socket on import, which every worker would inherit. "
-        "Preload only modules that open no socket on import"
-    )
-
-
-def fd_collision(
-    targets: Sequence[int], links: Mapping[int, str], own: Collection[int]
-) -> str | None:
-    """Why a worker's descriptors cannot go where asked: a target is held by the template for
-    something of its own (a preloaded module's file). None: every target is free or ours."""
-    taken = [fd for fd in targets if fd > 2 and fd in links and fd not in own]
-    if not taken:
-        return None
-    held = [links[fd] for fd in taken]
-    return f"descriptor(s) {taken} of the worker are in use in the template ({held})"
-
-
-def derive_seed(seed: int, rank: str, restart_count: str) -> int:
-    """A 64-bit seed for the worker of ``rank`` at ``restart_count`` of a job seeded ``seed``."""
-    material = f"{seed}/{rank}/{restart_count}".encode()
-    return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "big")
-
-
-def script_path0(kind: str, target: str, cwd: str) -> str:
-    """``sys.path[0]`` of ``python target`` (the script's real directory) or ``-m`` (``cwd``)."""
-    if kind == "module":
-        return cwd
-    return os.path.dirname(os.path.realpath(os.path.join(cwd, target)))
-
-
-# -- the process's own state ------------------------------------------------------------------
-
-
-def open_descriptors() -> dict[int, str]:
-    """This process's descriptors and what each is (``/proc/self/fd`` links)."""
-    links = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            links[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # the listing's own descriptor, closed meanwhile
-            continue
-    return links
-
-
-def os_thread_names() -> list[str]:
-    """The ``comm`` of each OS thread of this process other than the main one."""
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        if int(tid) != os.getpid():
-            try:
-                names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
-            except OSError:
-                continue
-    return names
-
-
-def idle_pool_stoppers() -> list[Any]:
-    """OpenBLAS's ``blas_thread_shutdown_`` of each OpenBLAS this process loaded: it stops
-    the library's idle worker threads (what its own fork handler does); they start again on
-    the next BLAS call, in each child."""
-    stoppers, seen = [], set()
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1] if "/" in line else ""
-            if "openblas" in os.path.basename(path).lower() and path not in seen:
-                seen.add(path)
-                shutdown = getattr(ctypes.CDLL(path), "blas_thread_shutdown_", None)
-                if shutdown is not None:
-                    stoppers.append(shutdown)
-    return stoppers
-
-
-def fork_refusal(own: Collection[int], stoppers: Sequence[Any] = ()) -> str | None:
-    """Why this process may not fork now (None: it may); the threads are checked last, once
-    ``stoppers`` (see :func:`idle_pool_stoppers`) stopped the idle pools."""
-    reason = cuda_refusal(sys.modules) or socket_refusal(open_descriptors(), own)
-    if reason is not None:
-        return reason
-    for stop in stoppers:
-        stop()
-    python_threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
-    return thread_refusal(Path("/proc/self/status").read_text(), python_threads, os_thread_names())
 
 
 # -- the child ---------------------------------------------------------------------------------
@@ -241,15 +110,6 @@ def _place_descriptors(
 
 def _dup_above(fd: int, floor: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
-
-
-def user_seeded(random_seeded: bool, torch_seeded: bool) -> frozenset[str]:
-    """The generators a preloaded module seeded: those keep their seed in every child.
-    NumPy's global seeding cannot be told apart from its import-time entropy: it is always
-    reseeded."""
-    return frozenset(
-        name for name, seeded in (("random", random_seeded), ("torch", torch_seeded)) if seeded
-    )
 
 
 class _SeedWatch(importlib.abc.MetaPathFinder):
@@ -316,7 +176,7 @@ def _reseed(
     if not rank or rank.startswith("-"):  # a spare holds no rank yet: its own stream
         rank = f"pid{os.getpid()}"
     job_seed = int(env[SEED_VARIABLE]) if env.get(SEED_VARIABLE, "").isdigit() else seed
-    value = derive_seed(job_seed, rank, env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    value = checks.derive_seed(job_seed, rank, env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if "random" not in keep:
         random.seed(value)
     elif random_state is not None:  # CPython reseeds random in every child: undo that
@@ -382,7 +242,7 @@ def _become_worker(
         entry = ["-m", request.target] if request.kind == "module" else [request.target]
         sys.orig_argv = [*interpreter, *entry, *request.args]
         sys.argv = [request.target, *request.args]
-        sys.path[0] = script_path0(request.kind, request.target, request.cwd)
+        sys.path[0] = checks.script_path0(request.kind, request.target, request.cwd)
         _reseed(request.seed, request.env, keep_seeds, random_state)
         _reopen_logging()
         _reconfigure_stdio()
@@ -480,7 +340,7 @@ class TemplateServer:
         pools to stop at each fork; why forking is unsafe now, or None."""
         gc.collect()
         gc.freeze()
-        self.stoppers = idle_pool_stoppers()
+        self.stoppers = checks.idle_pool_stoppers()
         return self.check()
 
     def send(self, message: codec.Message) -> None:
@@ -490,7 +350,7 @@ class TemplateServer:
         """Why forking is unsafe now (None: it is safe); ``received``: a request's own
         descriptors (sockets the agent passes to the worker are the worker's)."""
         gc.freeze()  # what the agent's requests created since: cheap, keeps it shared too
-        return fork_refusal((self.control.fileno(), *received), self.stoppers)
+        return checks.fork_refusal((self.control.fileno(), *received), self.stoppers)
 
     def serve(self) -> None:
         while True:
@@ -527,7 +387,7 @@ class TemplateServer:
                     request.id, f"{len(received)} descriptors came for {len(request.fds)} targets"
                 )
             own = {self.control.fileno(), *received}
-            reason = fd_collision(request.fds, open_descriptors(), own)
+            reason = checks.fd_collision(request.fds, checks.open_descriptors(), own)
             if reason is not None:
                 return codec.Refused(request.id, reason)
             reason = self.check(received)
@@ -584,7 +444,7 @@ class TemplateServer:
                 failure = None
             else:
                 failure = import_all(request.modules)
-        self.keep_seeds |= user_seeded(watch.random_called, watch.torch_called)
+        self.keep_seeds |= checks.user_seeded(watch.random_called, watch.torch_called)
         if failure is not None:
             return codec.Refused(request.id, failure)
         reason = self.settle()
@@ -651,7 +511,7 @@ def threaded_imports(names: Sequence[str], timeout: float = PROBE_TIMEOUT) -> se
             except BaseException:
                 continue
             if _threads() > before:  # an idle pool the template stops at each fork is fine
-                for stop in idle_pool_stoppers():
+                for stop in checks.idle_pool_stoppers():
                     stop()
             if _threads() > before:  # any module this import loaded may have started it
                 found += [name, *list(sys.modules)[loaded:]]
@@ -736,7 +596,7 @@ def main(argv: Sequence[str]) -> int:
     server = TemplateServer(control, signals)
     with _SeedWatch() as watch:
         failure = import_all(config["modules"])
-    server.keep_seeds = user_seeded(watch.random_called, watch.torch_called)
+    server.keep_seeds = checks.user_seeded(watch.random_called, watch.torch_called)
     if failure is None:
         failure = server.settle()
     try:

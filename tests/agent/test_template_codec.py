@@ -12,6 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aioelastic.agent._template import PythonCommand, python_command, template_env
+from aioelastic.agent._template_checks import (
+    cuda_refusal,
+    derive_seed,
+    fd_collision,
+    script_path0,
+    socket_refusal,
+    thread_refusal,
+    user_seeded,
+)
 from aioelastic.agent._template_codec import (
     MAX_FDS,
     MAX_MESSAGE,
@@ -28,15 +37,6 @@ from aioelastic.agent._template_codec import (
     check_module_names,
     decode,
     encode,
-)
-from aioelastic.agent._template_main import (
-    cuda_refusal,
-    derive_seed,
-    fd_collision,
-    script_path0,
-    socket_refusal,
-    thread_refusal,
-    user_seeded,
 )
 
 ids = st.integers(min_value=-(2**63), max_value=2**63 - 1)
