@@ -10,7 +10,7 @@ Two sources, both read by the agent without the workers' help: the installed pac
 compiled code a worker's process has mapped (``/proc/PID/maps``: a plain training script says
 nothing else, and ``import torch`` is most of its start), and the module names a linked worker
 reported after its first step (``--recovery in-place``: ``worker/_warm.py``). The rules are
-pure functions here; :func:`watch` is the only I/O.
+pure functions here; :func:`read_maps` and :func:`watch` are the only I/O.
 """
 
 from __future__ import annotations
