@@ -139,3 +139,12 @@ def test_importing_the_metrics_loads_no_part_above_the_stream() -> None:
 def test_importing_the_agent_package_loads_only_its_face() -> None:
     """``import aioelastic.agent`` loads what it names on first use, not the agent's machinery."""
     assert parts_loaded_by("aioelastic.agent") == {"base", "agent"}
+
+
+def test_no_module_is_longer_than_a_reader_holds() -> None:
+    """Every module of the package holds at most 700 lines (split by idea past that)."""
+    package = Path(aioelastic.__file__).parent
+    lengths = {
+        p.relative_to(package): len(p.read_text().splitlines()) for p in package.rglob("*.py")
+    }
+    assert {path: n for path, n in lengths.items() if n > 700} == {}

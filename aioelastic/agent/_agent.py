@@ -32,14 +32,13 @@ workers.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -57,8 +56,6 @@ from aioelastic.agent._events import (
     AgentStatistics,
     GroupRestarting,
     LogDirectoryCreated,
-    MembershipChanged,
-    NodeFenced,
     RendezvousCompleted,
     RendezvousJoining,
     RunFinished,
@@ -68,10 +65,8 @@ from aioelastic.agent._events import (
     StacksCaptured,
     StepsMarked,
     StepTimes,
-    StragglerDetected,
     TimeoutsLearnedIn,
 )
-from aioelastic.agent._generation_log import INPLACE_RECORD_PREFIX, NodeRecord
 from aioelastic.agent._group import Consoles, Outcome, WorkerGroup
 from aioelastic.agent._guardian import Guardian, guardian_for
 from aioelastic.agent._learned import watch as watch_loaded
@@ -80,32 +75,34 @@ from aioelastic.agent._policy import Decision, Step, after_attempt
 from aioelastic.agent._preemption import Preemption, watch_file
 from aioelastic.agent._recovery import InPlaceGroup
 from aioelastic.agent._report import signal_name
+from aioelastic.agent._round import (
+    exchange_slots,
+    exit_barrier,
+    joining,
+    lapsed_while_joining,
+    round_ended,
+)
 from aioelastic.agent._spec import WorkerSpec
-from aioelastic.agent._status import encode_step_times, step_times_key
+from aioelastic.agent._step_board import StepBoard
+from aioelastic.agent._template import Template, node_template
 from aioelastic.agent._timeouts import agent_timeouts, check_timeouts
 from aioelastic.agent._worker_store import WorkerStore
-from aioelastic.events._stragglers import ScoredWindow, StragglerSettings, StragglerWatch
+from aioelastic.events._stragglers import StragglerSettings
 from aioelastic.rendezvous import (
-    InvalidationReason,
     RendezvousClosedError,
     RendezvousError,
     RendezvousGracefulExitError,
     RendezvousInfo,
 )
-from aioelastic.rendezvous._elastic import ElasticRendezvousHandler
-from aioelastic.store import StoreError
 
 if TYPE_CHECKING:
     from aioelastic.agent._forensics import Forensics, Peers
-    from aioelastic.agent._template import Template
     from aioelastic.store import Store
     from aioelastic.timer import TimerEvent
 
 logger = logging.getLogger(__name__)
 
 EventCallback = Callable[[AgentEvent], None]
-
-_STORE_PREFIX = "aioelastic/agent/"
 
 
 class ElasticAgent(Service):
@@ -137,11 +134,7 @@ class ElasticAgent(Service):
         stragglers: StragglerSettings | None = None,
     ) -> None:
         self.spec = spec
-        self._stragglers = StragglerWatch(stragglers or StragglerSettings.from_env())
-        self._straggling: frozenset[int] = frozenset()
-        self.step_times: StepTimes | None = None
-        """The last straggler window this node's workers' step marks closed."""
-        self._step_times_changed: anyio.Event | None = None
+        self._steps = StepBoard(stragglers or StragglerSettings.from_env(), self._emit)
         self._on_watchdog_event = on_watchdog_event
         self._subscribers: Subscribers[AgentEvent] = Subscribers(logger, "agent event", on_event)
         self._shutdown_signals = tuple(shutdown_signals)
@@ -204,6 +197,11 @@ class ElasticAgent(Service):
         ``aioelastic.worker._warm.import_modules(names, fork_safe=True)``. The list grows in
         place; copy it to keep a snapshot."""
         return self._attempts.warm_modules
+
+    @property
+    def step_times(self) -> StepTimes | None:
+        """The last straggler window this node's workers' step marks closed."""
+        return self._steps.latest
 
     @property
     def template(self) -> Template | None:
@@ -278,7 +276,9 @@ class ElasticAgent(Service):
                 guardian_for(
                     self._given_guardian, grace=self.spec.shutdown_timeout
                 ) as self._guardian,
-                self._fork_template() as self._template,
+                node_template(
+                    self.spec, emit=self._emit, guardian=self._guardian
+                ) as self._template,
                 anyio.create_task_group() as tg,
             ):
                 self._preemption = Preemption(
@@ -298,8 +298,7 @@ class ElasticAgent(Service):
                     self.spec.rdzv_handler, expose=self.spec.torch_store == "expose"
                 )
                 await tg.start(self._worker_store.serve)
-                self._step_times_changed = anyio.Event()
-                tg.start_soon(self._show_step_times)
+                tg.start_soon(self._steps.show, self._step_board_place)
                 if self._template is not None and self._template.learning:
                     learn = self._template.learn
                     tg.start_soon(watch_loaded, self._worker_pids, self._reported_modules, learn)
@@ -323,36 +322,6 @@ class ElasticAgent(Service):
         return result
 
     # -- set-up ---------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def _fork_template(self) -> AsyncIterator[Template | None]:
-        """The node's fork template: with ``spec.preload`` started now, so that its imports
-        run while the agent rendezvouses; learning (``spec.fork_template``), started once
-        the workers loaded something worth it. None when workers cannot be forked."""
-        from aioelastic.agent._process import die_with_agent_prefix
-        from aioelastic.agent._template import Template, python_command, template_env
-
-        spec = self.spec
-        learn = spec.fork_template == "auto" and spec.numa_binding is None
-        try:
-            command = python_command(spec.argv) if spec.preload or learn else None
-        except ValueError as exc:  # not a Python script: the spec checked --preload's case
-            logger.debug("workers start plainly (no fork template): %s", exc)
-            command = None
-        if command is None:
-            yield None
-            return
-        template = Template(
-            command,
-            spec.preload,
-            learn=learn,
-            env=template_env(os.environ, spec.env, spec.local_world_size),
-            emit=self._emit,
-            guardian=self._guardian,
-            prefix=die_with_agent_prefix(),
-        )
-        async with template:
-            yield template
 
     async def _watch_signals(self, *, task_status: TaskStatus[None]) -> None:
         with anyio.open_signal_receiver(*self._shutdown_signals) as received:
@@ -557,21 +526,10 @@ class ElasticAgent(Service):
         return await first_of(assign, self._wait_round_invalidated)
 
     async def _assign(self, info: RendezvousInfo) -> tuple[RoundInfo, list[WorkerRanks]]:
-        """Number this node's workers across the job (one store round trip per node)."""
+        """Number this node's workers across the job."""
         slot = NodeSlot(self.spec.role, self.spec.local_world_size)
         record = self._attempts.record()  # in-place recovery across nodes: the epoch it runs
-        if info.world_size == 1:
-            nodes = [slot]
-            records = [] if record is None else [record]
-        else:
-            keys = [f"{_STORE_PREFIX}slot/{rank}" for rank in range(info.world_size)]
-            await info.store.set(keys[info.rank], slot.encode())
-            records = []
-            if record is not None:
-                held = [f"{INPLACE_RECORD_PREFIX}{rank}" for rank in range(info.world_size)]
-                await info.store.set(held[info.rank], record.encode())
-                records = [NodeRecord.decode(raw) for raw in await info.store.multi_get(held)]
-            nodes = [NodeSlot.decode(raw) for raw in await info.store.multi_get(keys)]
+        nodes, records = await exchange_slots(info, slot, record)
         if record is not None:
             self._attempts.heard(info, records)
         ranks = assign_ranks(nodes, info.rank)
@@ -598,32 +556,9 @@ class ElasticAgent(Service):
         return round_info, ranks
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
-        """Wait (bounded) until every node's workers succeeded; the last to finish closes the job.
-
-        The last node closes the rendezvous *before* announcing the end, and nobody touches
-        the store after the announcement: the node hosting the store may leave at once.
-        """
-        handler = self.spec.rdzv_handler
-        if info.world_size == 1:
-            await handler.set_closed()
-            return
-        done = f"{_STORE_PREFIX}exit/done"
-
-        async def everyone_done() -> None:
-            if await info.store.add(f"{_STORE_PREFIX}exit/count", 1) >= info.world_size:
-                await handler.set_closed()
-                await info.store.set(done, b"1")
-            else:
-                await info.store.wait([done], timeout=math.inf)
-
-        async def round_broken() -> None:
-            await handler.wait_round_invalidated()  # a node left: stop waiting for it
-
-        with anyio.move_on_after(self.spec.exit_barrier_timeout):
-            try:
-                await first_of(everyone_done, round_broken)
-            except (StoreError, RendezvousError) as exc:  # our workers succeeded regardless
-                logger.warning("exit barrier of run %r cut short: %s", self._run_id, exc)
+        spec = self.spec
+        timeout = spec.exit_barrier_timeout
+        await exit_barrier(spec.rdzv_handler, info, timeout=timeout, run_id=self._run_id)
 
     # -- one attempt ------------------------------------------------------------------------
 
@@ -678,6 +613,11 @@ class ElasticAgent(Service):
             self._worker_failures += len(group.failures())
         return group, outcome, detail
 
+    def _step_board_place(self) -> tuple[Store, int] | None:
+        """Where this node's step times are shown: its round's store and its rank there."""
+        store, info = self._round_store, self._info
+        return None if store is None or info is None else (store, info.rank)
+
     def _worker_pids(self) -> list[int]:
         """The pids of the attempt's workers (none between attempts)."""
         group = self._group
@@ -730,7 +670,8 @@ class ElasticAgent(Service):
             self._emit(RendezvousJoining(self._run_id, handler.get_backend(), self._restart_count))
             try:
                 joined = await first_of(
-                    _joined(handler.next_rendezvous), self._lapsed_while_joining
+                    joining(handler.next_rendezvous),
+                    partial(lapsed_while_joining, handler, self._emit),
                 )
             except (RendezvousGracefulExitError, RendezvousClosedError) as exc:
                 return Outcome.CLOSED, f"the rendezvous ended while recovering in place: {exc}"
@@ -749,82 +690,10 @@ class ElasticAgent(Service):
             if ended is not None:
                 return ended
 
-    async def _lapsed_while_joining(self) -> RendezvousInfo | tuple[Outcome, str]:
-        """Fenced while re-rendezvousing with the workers running: no liveness renewal was
-        acknowledged in time (cut off, say), so the others may already have taken this node
-        for dead and its workers' ranks: they stop as in a fenced round."""
-        handler = self.spec.rdzv_handler
-        if not isinstance(handler, ElasticRendezvousHandler):  # no lease of its own to watch
-            await anyio.sleep_forever()
-        assert isinstance(handler, ElasticRendezvousHandler)
-        why = await handler.wait_lease_lapsed()
-        detail = f"fenced while re-rendezvousing with workers running: {why}"
-        self._emit(NodeFenced(detail))
-        return Outcome.FENCED, detail
-
     async def _wait_round_invalidated(self) -> tuple[Outcome, str]:
-        event = await self.spec.rdzv_handler.wait_round_invalidated()
-        if event.reason is InvalidationReason.CLOSED:
-            return Outcome.CLOSED, f"the rendezvous was closed: {event.detail}"
-        if event.reason is InvalidationReason.STORE_LOST:  # the job cannot go on: it ends
-            return Outcome.CLOSED, event.detail
-        if event.reason is InvalidationReason.FENCED:
-            self._emit(NodeFenced(event.detail))
-            return Outcome.FENCED, event.detail
-        self._emit(MembershipChanged(event.reason.name, event.detail))
-        return Outcome.MEMBERSHIP, event.detail
+        return await round_ended(self.spec.rdzv_handler, self._emit)
 
     def _emit(self, event: AgentEvent) -> None:
         self._subscribers.emit(event)  # a broken subscriber must not take the workers down
         if isinstance(event, StepsMarked):
-            life = (event.restart_count, event.generation)
-            for window in self._stragglers.feed(
-                life, event.rank, event.steps, event.times, event.done
-            ):
-                self._scored(window)
-
-    async def _show_step_times(self) -> None:
-        """Keep this node's last straggler window in the round's store (``aioelastic status``
-        reads it)."""
-        while True:
-            assert self._step_times_changed is not None
-            await self._step_times_changed.wait()
-            self._step_times_changed = anyio.Event()
-            times, store, info = self.step_times, self._round_store, self._info
-            if times is None or store is None or info is None:
-                continue
-            medians = {r.rank: r.median for r in times.ranks}
-            value = encode_step_times(times.end, medians, times.factor)
-            try:
-                await store.set(step_times_key(info.rank), value)
-            except StoreError as exc:  # the status display is not worth failing a job
-                logger.info("could not show the step times in the store: %s", exc)
-
-    def _scored(self, window: ScoredWindow) -> None:
-        """Report a closed straggler window, and each rank that became a straggler in it (a rank
-        stays one until a window compares it with others and does not name it)."""
-        factor = self._stragglers.settings.factor
-        times = StepTimes(window.start, window.end, window.ranks, window.stragglers, factor)
-        self.step_times = times
-        if self._step_times_changed is not None:
-            self._step_times_changed.set()
-        self._emit(times)
-        fastest = min((r.median for r in window.ranks), default=0.0)
-        for ranked in window.ranks:
-            if ranked.rank in window.stragglers and ranked.rank not in self._straggling:
-                self._emit(
-                    StragglerDetected(ranked.rank, ranked.score, ranked.median, fastest, window.end)
-                )
-        compared = {r.rank for r in window.ranks} if len(window.ranks) > 1 else set()
-        self._straggling = (self._straggling - compared) | set(window.stragglers)
-
-
-def _joined(
-    join: Callable[[], Awaitable[RendezvousInfo]],
-) -> Callable[[], Awaitable[RendezvousInfo | tuple[Outcome, str]]]:
-    """``join`` typed as one side of a race with an outcome."""
-
-    async def joined() -> RendezvousInfo | tuple[Outcome, str]:
-        return await join()
-
-    return joined
+            self._steps.feed(event)

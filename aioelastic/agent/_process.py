@@ -219,7 +219,7 @@ def _forked(
     pass_fds: Sequence[int],
 ) -> int | None:
     """Fork ``argv`` from ``template``; None when it must be started plainly."""
-    from aioelastic.agent._template import python_command
+    from aioelastic.agent._template_command import python_command
 
     try:
         command = python_command(argv)

@@ -208,8 +208,8 @@ class WorkerSpec:
             self._check_preload()
 
     def _check_preload(self) -> None:
-        from aioelastic.agent._template import python_command
         from aioelastic.agent._template_codec import check_module_names
+        from aioelastic.agent._template_command import python_command
 
         try:
             check_module_names(self.preload)

@@ -43,12 +43,12 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, TYPE_CHECKING, Self
 
 import anyio
 from anyio.abc import TaskGroup
@@ -62,6 +62,10 @@ from aioelastic.agent._learned import worth_a_template
 from aioelastic.agent._site import without_worker_site
 from aioelastic.agent._template_checks import script_path0
 from aioelastic.agent._template_codec import check_module_names
+from aioelastic.agent._template_command import PythonCommand, python_command, template_env
+
+if TYPE_CHECKING:
+    from aioelastic.agent._spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,6 @@ REPLY_TIMEOUT = 30.0
 """How long a fork may take before the template is taken for hung (and killed)."""
 EXIT_TIMEOUT = 5.0
 """How long closing waits for the template to leave before killing it."""
-_OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "-Q"})
 
 Redirect = int | IO[bytes] | None
 
@@ -85,66 +88,6 @@ class PreloadError(AgentError):
         self.modules = tuple(modules)
         self.reason = reason
         super().__init__(f"--preload {','.join(modules)}: {reason}")
-
-
-@dataclass(frozen=True, slots=True)
-class PythonCommand:
-    """A worker's command line as the template runs it: ``interpreter [options] target args``
-    (``kind`` ``script``, or ``module`` for ``-m target``)."""
-
-    interpreter: str
-    options: tuple[str, ...]
-    kind: str
-    target: str
-    args: tuple[str, ...]
-
-
-def python_command(argv: Sequence[str]) -> PythonCommand:
-    """Split a worker's ``argv`` for the template; raise ``ValueError`` if it cannot be forked.
-
-    Only ``python [options] script args`` and ``python [options] -m module args`` can: the
-    template is an interpreter that imported the modules; a program, ``-c`` or stdin cannot.
-    """
-    if not argv:
-        raise ValueError("the worker's command line is empty")
-    interpreter, rest = argv[0], list(argv[1:])
-    if "python" not in os.path.basename(interpreter):
-        raise ValueError(
-            f"--preload forks Python workers, but the worker program is {interpreter!r} "
-            "(drop --no-python, or --preload)"
-        )
-    options: list[str] = []
-    while rest and rest[0].startswith("-") and rest[0] not in ("-", "--"):
-        option = rest.pop(0)
-        if option == "-m":
-            if not rest:
-                raise ValueError("-m needs a module name")
-            return PythonCommand(interpreter, tuple(options), "module", rest[0], tuple(rest[1:]))
-        if option.startswith("-c"):
-            raise ValueError("--preload cannot fork a worker run with python -c")
-        options.append(option)
-        if option in _OPTIONS_WITH_VALUE:
-            if not rest:
-                raise ValueError(f"python option {option} needs a value")
-            options.append(rest.pop(0))
-    if rest and rest[0] == "--":
-        rest.pop(0)
-    if not rest or rest[0] == "-":
-        raise ValueError("--preload needs a script or -m module to run (not stdin)")
-    return PythonCommand(interpreter, tuple(options), "script", rest[0], tuple(rest[1:]))
-
-
-def template_env(
-    base: Mapping[str, str], extra: Mapping[str, str], local_world_size: int
-) -> dict[str, str]:
-    """The template's environment: what every worker's holds at import time (their rank
-    variables aside), so that libraries read the same settings (``OMP_NUM_THREADS``) on
-    import as they would in a plain worker."""
-    env = {**base, **extra}
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    if local_world_size > 1:
-        env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,6 +554,37 @@ class Template:
                 self._start()
             except OSError as exc:
                 self._emit(TemplateLost(None, f"a new template could not start: {exc}", False))
+
+
+@asynccontextmanager
+async def node_template(
+    spec: WorkerSpec, *, emit: Callable[[AgentEvent], None], guardian: Guardian | None
+) -> AsyncIterator[Template | None]:
+    """The node's fork template for ``spec``'s workers: with ``spec.preload`` started now, so
+    that its imports run while the agent rendezvouses; learning (``spec.fork_template``),
+    started once the workers loaded something worth it. None when workers cannot be forked."""
+    from aioelastic.agent._process import die_with_agent_prefix
+
+    learn = spec.fork_template == "auto" and spec.numa_binding is None
+    try:
+        command = python_command(spec.argv) if spec.preload or learn else None
+    except ValueError as exc:  # not a Python script: the spec checked --preload's case
+        logger.debug("workers start plainly (no fork template): %s", exc)
+        command = None
+    if command is None:
+        yield None
+        return
+    template = Template(
+        command,
+        spec.preload,
+        learn=learn,
+        env=template_env(os.environ, spec.env, spec.local_world_size),
+        emit=emit,
+        guardian=guardian,
+        prefix=die_with_agent_prefix(),
+    )
+    async with template:
+        yield template
 
 
 async def _exited(process: _Process) -> None:

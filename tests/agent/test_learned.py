@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from aioelastic.agent._events import AgentEvent, TemplateLearned
 from aioelastic.agent._learned import packages_in_maps, worth_a_template
-from aioelastic.agent._template import Template, python_command
+from aioelastic.agent._template import Template
+from aioelastic.agent._template_command import python_command
 from tests.agent.conftest import BOUND, launched, wait_gone
 from tests.agent.test_preload import probe_command, spawn_probe
 

@@ -21,7 +21,8 @@ import pytest
 
 from aioelastic.agent._events import AgentEvent, TemplateLost, TemplateReady
 from aioelastic.agent._process import WorkerProcess
-from aioelastic.agent._template import PreloadError, Template, python_command
+from aioelastic.agent._template import PreloadError, Template
+from aioelastic.agent._template_command import python_command
 from tests.agent.conftest import BOUND, WORKER, launched, on_terminal, pids_in, wait_gone
 from tests.agent.test_guardian import guardian_of
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioelastic.agent._template import PythonCommand, python_command, template_env
 from aioelastic.agent._template_checks import (
     cuda_refusal,
     derive_seed,
@@ -38,6 +37,7 @@ from aioelastic.agent._template_codec import (
     decode,
     encode,
 )
+from aioelastic.agent._template_command import PythonCommand, python_command, template_env
 
 ids = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 texts = st.text()
