@@ -34,7 +34,7 @@ async def test_a_sleep_on_the_loop_is_recorded_but_not_a_zero_one() -> None:
     with BlockingCalls().installed() as calls:
         time.sleep(0)  # noqa: ASYNC251 - what the guard is for
         for _ in range(3):
-            time.sleep(0.001)  # noqa: ASYNC251
+            time.sleep(0.001)  # noqa: ASYNC251 - the blocking call under test  # pace
     assert [entry.split("(")[0] for entry in calls.found] == ["time.sleep"]
 
 
@@ -52,7 +52,7 @@ def test_calls_outside_an_event_loop_pass() -> None:
     """Synchronous code may block: no loop runs on its thread."""
     with BlockingCalls().installed() as calls:
         socket.getfqdn("localhost")
-        time.sleep(0.001)
+        time.sleep(0.001)  # the blocking call under test  # pace
     assert calls.found == []
 
 

@@ -280,7 +280,7 @@ async def test_a_spare_stays_out_of_the_files_a_logs_specs_lays_out(tmp_path: Pa
                 return spoke and all("gen 1 rank" in text for text in shown)
 
             while not settled():  # noqa: ASYNC110 (files give no change notice to wait on)
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # pace
             finish.write_text("")
             assert await run.wait() == 0, run
     assert f"asking pid {spare}" in run.out.text

@@ -210,7 +210,8 @@ async def _until_watched(cluster: EtcdCluster) -> None:
         assert found is not None, "etcd's metrics have no watcher count"
         if int(found.group(1)) >= 1:
             return
-        await anyio.sleep(0.01)
+        # etcd's metrics give no notice of a change to wait on: read them again shortly
+        await anyio.sleep(0.01)  # pace
 
 
 async def _append(values: list[bytes], value: Awaitable[bytes]) -> None:

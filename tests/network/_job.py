@@ -46,7 +46,7 @@ sock.sendall(json.dumps(record).encode() + b"\\n")
 beat = float(os.environ.get("BEAT", "0"))
 while True:
     if beat:
-        time.sleep(beat)
+        time.sleep(beat)  # the heartbeat's period  # pace
         sock.sendall(b"beat\\n")
     elif not sock.recv(1):
         sys.exit(0)

@@ -56,7 +56,7 @@ for world in worker.worlds():
                 time.sleep(600)
             if gloo:
                 dist.all_reduce(torch.ones(1))
-            time.sleep(0.01)  # pace: the step's compute
+            time.sleep(0.01)  # the step's compute  # pace
 """
 """A worker on the API: one step a loop (an all_reduce under ``GLOO=1``); ``HANG_RANK`` hangs
 in its step 5 (it never reaches another boundary)."""
@@ -73,7 +73,7 @@ def save(signum, frame):
 signal.signal(signal.SIGTERM, save)
 print(f"rank {rank} training", flush=True)
 while True:
-    time.sleep(0.05)  # pace: training until the signal
+    time.sleep(0.05)  # training until the signal  # pace
 """
 """A plain worker (no API) whose SIGTERM handler saves and exits 0."""
 

@@ -40,7 +40,7 @@ def main(mode: str, *args: str) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for _ in range(int(args[2])):
             sock.sendto(b"x", (args[0], int(args[1])))
-            time.sleep(0.001)
+            time.sleep(0.001)  # spread the datagrams over time  # pace
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

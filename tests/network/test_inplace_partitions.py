@@ -43,7 +43,7 @@ for world in worker.worlds():
         try:
             while True:
                 world.check()
-                time.sleep(0.05)
+                time.sleep(0.05)  # a step of an idle worker  # pace
         finally:
             sock.close()
 """
@@ -175,7 +175,7 @@ for world in worker.worlds():
                 print(f"gen {world.generation} step {step} sum {int(total.item())}", flush=True)
                 sock.sendall(b"beat\\n")
                 step += 1
-                time.sleep(0.05)
+                time.sleep(0.05)  # a step of an idle worker  # pace
         finally:
             sock.close()
 """

@@ -280,11 +280,11 @@ print("ready", flush=True)
 while not select.select([sys.stdin], [], [], 0)[0]:
     client.release_sync("work")
     client.acquire_sync("work", time.time() + 3600)
-    time.sleep(0.002)  # pace the workload, so the fuzz gets the CPU
+    time.sleep(0.002)  # slow the workload, so the fuzz gets the CPU  # pace
 deadline = time.time() + 0.5
 while True:  # a hung step: re-armed with the same deadline until the watchdog reaps us
     client.acquire_sync("hang", deadline)
-    time.sleep(0.01)
+    time.sleep(0.01)  # pace
 """
 
 

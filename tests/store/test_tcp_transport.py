@@ -46,15 +46,18 @@ async def test_a_cancelled_callers_signal_is_not_set_again() -> None:
     loop = asyncio.get_running_loop()
     alarm = Alarm(loop)
     gone = alarm.signal()
-    waiting = asyncio.ensure_future(alarm.wait(gone, loop.time() + 0.01))
+    deadline = loop.time() + 0.01
+    waiting = asyncio.ensure_future(alarm.wait(gone, deadline))
     await asyncio.sleep(0)
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
     handler_calls: list[dict[str, object]] = []
     loop.set_exception_handler(lambda _, context: handler_calls.append(context))
+    rang = loop.create_future()  # set after the alarm rang: timers run in time order
+    loop.call_at(deadline + 0.001, rang.set_result, None)
     try:
-        await asyncio.sleep(0.05)  # past the deadline: the alarm rang
+        await rang
     finally:
         loop.set_exception_handler(None)
     assert (gone.cancelled(), alarm.waiting, handler_calls) == (True, {}, [])

@@ -28,5 +28,5 @@ for world in worker.worlds():
             os.kill(os.getpid(), signal.SIGKILL)
         while True:
             world.check()
-            time.sleep(0.02)  # pace: the step's "compute"
+            time.sleep(0.02)  # the step's "compute"  # pace
     break  # the mistake: also reached when the world ended under this rank

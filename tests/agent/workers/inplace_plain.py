@@ -41,7 +41,7 @@ def main() -> None:
             )
             while not options.exit_when.exists():
                 world.check()
-                time.sleep(0.02)  # the step's "compute"
+                time.sleep(0.02)  # the step's "compute"  # pace
     print(f"done pid {os.getpid()}", flush=True)
 
 

@@ -60,7 +60,7 @@ def main() -> None:
                     flush=True,
                 )
                 step += 1
-                time.sleep(options.step_time)  # the step's "compute"
+                time.sleep(options.step_time)  # the step's "compute"  # pace
             dist.barrier()
     print(f"done pid {os.getpid()} step {step}", flush=True)
 

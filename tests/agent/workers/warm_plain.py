@@ -31,7 +31,7 @@ def main() -> None:
             while not finish.exists():
                 world.check()
                 importlib.import_module("colorsys")  # what the first step loads
-                time.sleep(0.02)  # pace: the step's "compute"
+                time.sleep(0.02)  # the step's "compute"  # pace
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             while not options.exit_when.exists():
                 world.check()
-                time.sleep(0.02)
+                time.sleep(0.02)  # a step of an idle worker  # pace
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def run_sync(options: argparse.Namespace) -> None:
                 print(f"victim pid {os.getpid()}", flush=True)
             while not options.exit_when.exists():
                 world.check()
-                time.sleep(0.02)  # the step's "compute"
+                time.sleep(0.02)  # the step's "compute"  # pace
     print(f"done pid {os.getpid()}", flush=True)
 
 
@@ -72,7 +72,7 @@ async def run_async(options: argparse.Namespace) -> None:
                 print(f"victim pid {os.getpid()}", flush=True)
             while not options.exit_when.exists():
                 world.check()
-                await anyio.sleep(0.02)
+                await anyio.sleep(0.02)  # a step of an idle worker  # pace
     print(f"done pid {os.getpid()}", flush=True)
 
 
