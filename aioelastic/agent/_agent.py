@@ -49,7 +49,7 @@ from aioelastic._concurrency import first_of, unwrap_single_error
 from aioelastic._service import Service
 from aioelastic._subscribers import Subscribers
 from aioelastic.agent._attempts import Attempts
-from aioelastic.agent._env import NodeSlot, RoundInfo, WorkerRanks, assign_ranks
+from aioelastic.agent._env import RoundInfo, WorkerRanks
 from aioelastic.agent._errors import AgentStateError
 from aioelastic.agent._events import (
     AgentEvent,
@@ -73,13 +73,14 @@ from aioelastic.agent._learned import watch as watch_loaded
 from aioelastic.agent._logs import console_writer, make_run_log_dir
 from aioelastic.agent._policy import Decision, Step, after_attempt
 from aioelastic.agent._preemption import Preemption, watch_file
+from aioelastic.agent._process import die_with_agent_prefix
 from aioelastic.agent._recovery import InPlaceGroup
 from aioelastic.agent._report import signal_name
 from aioelastic.agent._round import (
-    exchange_slots,
     exit_barrier,
     joining,
     lapsed_while_joining,
+    number_workers,
     round_ended,
 )
 from aioelastic.agent._spec import WorkerSpec
@@ -277,7 +278,10 @@ class ElasticAgent(Service):
                     self._given_guardian, grace=self.spec.shutdown_timeout
                 ) as self._guardian,
                 node_template(
-                    self.spec, emit=self._emit, guardian=self._guardian
+                    self.spec,
+                    emit=self._emit,
+                    guardian=self._guardian,
+                    prefix=die_with_agent_prefix(),
                 ) as self._template,
                 anyio.create_task_group() as tg,
             ):
@@ -526,33 +530,14 @@ class ElasticAgent(Service):
         return await first_of(assign, self._wait_round_invalidated)
 
     async def _assign(self, info: RendezvousInfo) -> tuple[RoundInfo, list[WorkerRanks]]:
-        """Number this node's workers across the job."""
-        slot = NodeSlot(self.spec.role, self.spec.local_world_size)
         record = self._attempts.record()  # in-place recovery across nodes: the epoch it runs
-        nodes, records = await exchange_slots(info, slot, record)
+        round_info, ranks, records = await number_workers(
+            info, self.spec, record, run_id=self._run_id, restart_count=self._restart_count
+        )
         if record is not None:
             self._attempts.heard(info, records)
-        ranks = assign_ranks(nodes, info.rank)
-        bootstrap = info.bootstrap_store_info
-        round_info = RoundInfo(
-            run_id=self._run_id,
-            group_rank=info.rank,
-            group_world_size=info.world_size,
-            master_addr=bootstrap.master_addr,
-            master_port=bootstrap.master_port,
-            restart_count=self._restart_count,
-            use_agent_store=self.spec.rdzv_handler.use_agent_store,
-            round=info.round,
-        )
-        self._emit(
-            RendezvousCompleted(
-                info.rank,
-                info.world_size,
-                ranks[0].world_size,
-                bootstrap.master_addr,
-                bootstrap.master_port,
-            )
-        )
+        addr, port = round_info.master_addr, round_info.master_port
+        self._emit(RendezvousCompleted(info.rank, info.world_size, ranks[0].world_size, addr, port))
         return round_info, ranks
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:

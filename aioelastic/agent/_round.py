@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from aioelastic._concurrency import first_of
-from aioelastic.agent._env import NodeSlot
+from aioelastic.agent._env import NodeSlot, RoundInfo, WorkerRanks, assign_ranks
 from aioelastic.agent._events import AgentEvent, MembershipChanged, NodeFenced
 from aioelastic.agent._generation_log import INPLACE_RECORD_PREFIX, NodeRecord
 from aioelastic.agent._group import Outcome
+from aioelastic.agent._spec import WorkerSpec
 from aioelastic.rendezvous import (
     InvalidationReason,
     RendezvousError,
@@ -50,6 +51,32 @@ async def exchange_slots(
         await info.store.set(held[info.rank], record.encode())
         records = [NodeRecord.decode(raw) for raw in await info.store.multi_get(held)]
     return [NodeSlot.decode(raw) for raw in await info.store.multi_get(keys)], records
+
+
+async def number_workers(
+    info: RendezvousInfo,
+    spec: WorkerSpec,
+    record: NodeRecord | None,
+    *,
+    run_id: str,
+    restart_count: int,
+) -> tuple[RoundInfo, list[WorkerRanks], list[NodeRecord]]:
+    """This node's workers numbered across the job, the round as they are told it, and
+    (given this node's ``record``) every node's record."""
+    slot = NodeSlot(spec.role, spec.local_world_size)
+    nodes, records = await exchange_slots(info, slot, record)
+    bootstrap = info.bootstrap_store_info
+    round_info = RoundInfo(
+        run_id=run_id,
+        group_rank=info.rank,
+        group_world_size=info.world_size,
+        master_addr=bootstrap.master_addr,
+        master_port=bootstrap.master_port,
+        restart_count=restart_count,
+        use_agent_store=spec.rdzv_handler.use_agent_store,
+        round=info.round,
+    )
+    return round_info, assign_ranks(nodes, info.rank), records
 
 
 async def round_ended(handler: RendezvousHandler, emit: Emit) -> tuple[Outcome, str]:

@@ -76,6 +76,8 @@ REPLY_TIMEOUT = 30.0
 """How long a fork may take before the template is taken for hung (and killed)."""
 EXIT_TIMEOUT = 5.0
 """How long closing waits for the template to leave before killing it."""
+DYING_BOUND = 1.0
+"""How long a fork request waits for a template whose socket closed to exit (it blocks)."""
 
 Redirect = int | IO[bytes] | None
 
@@ -525,6 +527,7 @@ class Template:
                 return None
             readable, _, _ = select.select([process.control], [], [], left)
             if readable and not self._receive_ready(process):
+                _exited_sync(process)
                 self._lost(process, _died(process))
                 return None
         self._waiting.discard(request_id)
@@ -558,13 +561,16 @@ class Template:
 
 @asynccontextmanager
 async def node_template(
-    spec: WorkerSpec, *, emit: Callable[[AgentEvent], None], guardian: Guardian | None
+    spec: WorkerSpec,
+    *,
+    emit: Callable[[AgentEvent], None],
+    guardian: Guardian | None,
+    prefix: Sequence[str],
 ) -> AsyncIterator[Template | None]:
-    """The node's fork template for ``spec``'s workers: with ``spec.preload`` started now, so
-    that its imports run while the agent rendezvouses; learning (``spec.fork_template``),
-    started once the workers loaded something worth it. None when workers cannot be forked."""
-    from aioelastic.agent._process import die_with_agent_prefix
-
+    """The node's fork template for ``spec``'s workers (started through ``prefix``): with
+    ``spec.preload`` started now, so that its imports run while the agent rendezvouses;
+    learning (``spec.fork_template``), started once the workers loaded something worth it.
+    None when workers cannot be forked."""
     learn = spec.fork_template == "auto" and spec.numa_binding is None
     try:
         command = python_command(spec.argv) if spec.preload or learn else None
@@ -581,7 +587,7 @@ async def node_template(
         env=template_env(os.environ, spec.env, spec.local_world_size),
         emit=emit,
         guardian=guardian,
-        prefix=die_with_agent_prefix(),
+        prefix=prefix,
     )
     async with template:
         yield template
@@ -593,6 +599,20 @@ async def _exited(process: _Process) -> None:
         pidfd = os.pidfd_open(process.popen.pid)
         try:
             await anyio.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+    process.popen.poll()
+
+
+def _exited_sync(process: _Process) -> None:
+    """Block (at most :data:`DYING_BOUND`) until ``process``, whose socket just closed, has
+    exited: a dying process's descriptors close before its exit status can be read, so
+    without this a template killed by a signal would be reported as one that closed its
+    socket."""
+    with suppress(OSError):
+        pidfd = os.pidfd_open(process.popen.pid)
+        try:
+            select.select([pidfd], [], [], DYING_BOUND)
         finally:
             os.close(pidfd)
     process.popen.poll()
