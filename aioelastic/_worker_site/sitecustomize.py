@@ -1,7 +1,9 @@
 """Loaded by ``site`` in each Python worker that ``aioelastic run`` starts (this directory leads
-the worker's ``PYTHONPATH``): installs :func:`aioelastic._process_group.install_exit_hook`,
-then takes this directory off ``sys.path`` and ``PYTHONPATH`` and loads the ``sitecustomize``
-the worker would have loaded without it, so the script, and what it starts, sees its own path.
+the worker's ``PYTHONPATH``): installs :func:`aioelastic._process_group.install_exit_hook` and,
+when the agent asks for it, the recorder of the worker's imports
+(:func:`aioelastic._imports_file.record_imports`), then takes this directory off ``sys.path``
+and ``PYTHONPATH`` and loads the ``sitecustomize`` the worker would have loaded without it, so
+the script, and what it starts, sees its own path.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ def _load() -> None:
     from aioelastic._process_group import install_exit_hook
 
     install_exit_hook()
+    from aioelastic._imports_file import record_imports
+
+    record_imports()
     ours = sys.modules.pop(__name__)
     try:
         importlib.import_module(__name__)

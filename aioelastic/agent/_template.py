@@ -25,7 +25,9 @@ Modules that cannot be preloaded at the start fail the launch (:class:`PreloadEr
 job never silently runs without them.
 
 Learning (``--fork-template auto``, the default): the agent tells :meth:`Template.learn` what
-its workers had loaded (``_learned.py``), and the template imports it leniently (a failing
+its workers had loaded (``_learned.py``; local rank 0 of the plainly started workers records
+its imports in :attr:`Template.imports`, see :meth:`Template.recording_env`), and the template
+imports it leniently (a failing
 import is skipped, one that would start a thread left out, in ``_template_main.learn_all``).
 Without ``--preload`` the template starts only then, so the first workers start plainly, as
 torchrun's do, and the later ones (restart, replacement, spare) fork from a warm process. A
@@ -53,13 +55,14 @@ from typing import IO, TYPE_CHECKING, Self
 import anyio
 from anyio.abc import TaskGroup
 
+from aioelastic._imports_file import IMPORTS_FILE_ENV
 from aioelastic.agent import _template_codec as codec
 from aioelastic.agent._errors import AgentError
 from aioelastic.agent._events import AgentEvent, TemplateLearned, TemplateLost, TemplateReady
 from aioelastic.agent._guardian import Guardian
 from aioelastic.agent._guardian_main import TOKEN_VARIABLE
-from aioelastic.agent._learned import worth_a_template
-from aioelastic.agent._site import without_worker_site
+from aioelastic.agent._learned import ImportsFile, worth_a_template
+from aioelastic.agent._site import loads_worker_site, without_worker_site
 from aioelastic.agent._template_checks import script_path0
 from aioelastic.agent._template_codec import check_module_names
 from aioelastic.agent._template_command import PythonCommand, python_command, template_env
@@ -142,6 +145,7 @@ class Template:
         guardian: Guardian | None = None,
         prefix: Sequence[str] = (),
         max_restarts: int = MAX_RESTARTS,
+        imports_file: str | None = None,
     ) -> None:
         self.command = command
         self.modules = check_module_names(modules)
@@ -150,6 +154,8 @@ class Template:
         """What of the names :meth:`learn` was told the template holds (not those whose
         import failed, or would start a thread)."""
         self._learning = learn
+        self.imports = ImportsFile(imports_file) if learn and imports_file else None
+        """Where local rank 0 of the plainly started workers records its imports (learning)."""
         self._preloading = bool(self.modules)
         self._wanted: dict[str, None] = {}
         self._rejected: set[str] = set()
@@ -190,6 +196,14 @@ class Template:
     def learning(self) -> bool:
         """Whether :meth:`learn` imports what it is told (``--fork-template auto``)."""
         return self._learning
+
+    def recording_env(self, local_rank: int, env: Mapping[str, str]) -> dict[str, str]:
+        """What a worker's environment ``env`` gets so that, started plainly, it records its
+        imports for :meth:`learn` (local rank 0 only: the node's workers run one script; a
+        worker forked from the template records nothing, see :meth:`fork`)."""
+        if self.imports is None or local_rank != 0 or not loads_worker_site(env):
+            return {}
+        return {IMPORTS_FILE_ENV: self.imports.path}
 
     @property
     def available(self) -> bool:
@@ -558,11 +572,16 @@ class Template:
 
 @asynccontextmanager
 async def node_template(
-    spec: WorkerSpec, *, emit: Callable[[AgentEvent], None], guardian: Guardian | None
+    spec: WorkerSpec,
+    directory: str,
+    *,
+    emit: Callable[[AgentEvent], None],
+    guardian: Guardian | None,
 ) -> AsyncIterator[Template | None]:
     """The node's fork template for ``spec``'s workers: with ``spec.preload`` started now, so
     that its imports run while the agent rendezvouses; learning (``spec.fork_template``),
-    started once the workers loaded something worth it. None when workers cannot be forked."""
+    started once the workers loaded something worth it (what they import is recorded in
+    ``directory``, the agent's private one). None when workers cannot be forked."""
     from aioelastic.agent._process import die_with_agent_prefix
 
     learn = spec.fork_template == "auto" and spec.numa_binding is None
@@ -582,6 +601,7 @@ async def node_template(
         emit=emit,
         guardian=guardian,
         prefix=die_with_agent_prefix(),
+        imports_file=str(Path(directory, "imports")),
     )
     async with template:
         yield template
