@@ -13,6 +13,18 @@ import os
 import sys
 
 
+def _record_imports(path: str) -> None:
+    """Run :func:`aioelastic._imports_file.record_imports` from ``path``, the copy of the
+    agent that named the file (whatever ``aioelastic`` the worker's own path holds)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("aioelastic._imports_file", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.record_imports()
+
+
 def _load() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
@@ -25,9 +37,7 @@ def _load() -> None:
     from aioelastic._process_group import install_exit_hook
 
     install_exit_hook()
-    from aioelastic._imports_file import record_imports
-
-    record_imports()
+    _record_imports(os.path.join(os.path.dirname(here), "_imports_file.py"))
     ours = sys.modules.pop(__name__)
     try:
         importlib.import_module(__name__)

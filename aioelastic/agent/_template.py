@@ -27,8 +27,8 @@ job never silently runs without them.
 Learning (``--fork-template auto``, the default): the agent tells :meth:`Template.learn` what
 its workers had loaded (``_learned.py``; local rank 0 of the plainly started workers records
 its imports in :attr:`Template.imports`, see :meth:`Template.recording_env`), and the template
-imports it leniently (a failing
-import is skipped, one that would start a thread left out, in ``_template_main.learn_all``).
+imports it leniently (a failing import is skipped, one that would start a thread left out, in
+``_template_main.learn_all``; a few thousand names go in requests of :data:`LEARN_BYTES`).
 Without ``--preload`` the template starts only then, so the first workers start plainly, as
 torchrun's do, and the later ones (restart, replacement, spare) fork from a warm process. A
 replacement template imports the learned modules again.
@@ -79,6 +79,9 @@ REPLY_TIMEOUT = 30.0
 """How long a fork may take before the template is taken for hung (and killed)."""
 EXIT_TIMEOUT = 5.0
 """How long closing waits for the template to leave before killing it."""
+LEARN_BYTES = 64 * 1024
+"""The most bytes of names one request to import learned modules carries (a worker may have
+loaded thousands; a packet on the control socket holds about 200 KB)."""
 
 Redirect = int | IO[bytes] | None
 
@@ -411,7 +414,7 @@ class Template:
             elif not process.ready or self._importing:
                 await self._wait_arrival()
             else:
-                await self._import_learned(process, missing)
+                await self._import_learned(process, _first_bytes(missing, LEARN_BYTES))
 
     async def _import_learned(self, process: _Process, names: list[str]) -> None:
         request_id = self._take_id()
@@ -630,6 +633,18 @@ def _died(process: _Process) -> str:
             else "it died"
         )
     return f"it died (exit status {code})"
+
+
+def _first_bytes(names: Sequence[str], limit: int) -> list[str]:
+    """The first of ``names`` (one at least) whose lengths add up to at most ``limit``."""
+    taken: list[str] = []
+    size = 0
+    for name in names:
+        size += len(name) + 4  # its quotes, comma and space in the JSON request
+        if taken and size > limit:
+            break
+        taken.append(name)
+    return taken
 
 
 def _descriptors(redirects: Sequence[Redirect]) -> tuple[list[int], list[int]]:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from aioelastic._imports_file import IMPORTS_FILE_ENV
 from aioelastic.agent._learned import ImportsFile, complete_lines, watch
 from aioelastic.agent._site import without_worker_site, worker_site_env
-from aioelastic.agent._template import Template
+from aioelastic.agent._template import Template, _first_bytes
 from aioelastic.agent._template_command import python_command
 from tests.agent.conftest import BOUND, launched
 from tests.agent.test_preload import probe_command
@@ -145,3 +145,19 @@ async def test_a_restart_forks_from_a_template_holding_a_module_imported_lazily(
     learned = re.search(r"template \(pid (\d+)\) holds \d+ module\(s\)", run.err.text)
     assert learned is not None, run
     assert re.search(rf"restart 1 pid \d+ ppid {learned[1]} had True", run.out.text), run
+
+
+@given(
+    st.lists(st.text(alphabet="abc._", min_size=1, max_size=30), max_size=60), st.integers(1, 200)
+)
+def test_learned_names_go_to_the_template_in_bounded_requests(names: list[str], limit: int) -> None:
+    """Each request holds the next names, one at least, within the bound unless one alone is
+    longer; together they are every name, in order."""
+    batches, rest = [], names
+    while rest:
+        batch = _first_bytes(rest, limit)
+        assert batch == rest[: len(batch)]
+        assert len(batch) == 1 or sum(len(name) + 4 for name in batch) <= limit
+        batches.append(batch)
+        rest = rest[len(batch) :]
+    assert [name for batch in batches for name in batch] == names
