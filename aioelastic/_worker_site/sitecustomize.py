@@ -19,7 +19,8 @@ def _record_imports(path: str) -> None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("aioelastic._imports_file", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.record_imports()
