@@ -36,7 +36,7 @@ removed by the worker site)."""
 def _import_locks() -> Any:
     """The import system's table of the module locks held by imports in progress (None if this
     interpreter has none: then every lookup counts as an import)."""
-    bootstrap = sys.modules.get("importlib._bootstrap")
+    bootstrap = sys.modules.get("_frozen_importlib")  # importlib._bootstrap, as the VM runs it
     return getattr(bootstrap, "_module_locks", None)
 
 
