@@ -7,6 +7,7 @@ names (``aioelastic/_imports_file.py``), and the agent learns from it (``_learne
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -56,6 +57,26 @@ def test_the_site_records_a_plain_workers_imports_and_hides_the_variable(tmp_pat
     wanted = ["lazy_marker", "no_such_module_q", "colorsys"]
     assert [name for name in names if name in wanted] == wanted
     assert "preload_marker" not in names
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_torch_dynamo_imported_through_torchs_getattr_is_recorded(tmp_path: Path) -> None:
+    """What DDP's first call does (``torch._dynamo`` through ``torch.__getattr__``) is an import
+    the site records, after torch and before the modules it loads."""
+    imports = tmp_path / "imports"
+    env = {**os.environ, **worker_site_env(os.environ), IMPORTS_FILE_ENV: str(imports)}
+    code = "import torch; torch._dynamo"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, timeout=BOUND, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    names = imports.read_text().splitlines()
+    assert (
+        names.index("torch")
+        < names.index("torch._dynamo")
+        < names.index("torch._dynamo.eval_frame")
+    )
 
 
 def test_only_local_rank_0_with_the_worker_site_is_asked_to_record() -> None:
