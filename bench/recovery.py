@@ -93,9 +93,10 @@ def read_events(path: Path) -> list[dict[str, object]]:
 
 def template_holds(events: Path, mode: str, ddp: bool) -> bool:
     """Whether the node's fork template imported what a new worker of ``mode`` needs warm
-    (``TemplateLearned`` events): torch, and for an in-place replacement under DDP the
-    ``torch._dynamo`` that DDP's first call loads. A job runs a while before it fails; the
-    benchmark waits for what the agent learns in that while (torchrun learns nothing)."""
+    (``TemplateLearned`` events): torch, and under DDP the ``torch._dynamo`` that DDP's first
+    call loads (learned from a restarted worker's recorded imports, or an in-place one's
+    report). A job runs a while before it fails; the benchmark waits for what the agent
+    learns in that while (torchrun learns nothing)."""
     if mode not in ("restart", "new"):
         return True
     learned = {
@@ -104,7 +105,7 @@ def template_holds(events: Path, mode: str, ddp: bool) -> bool:
         if record["kind"] == "TemplateLearned" and isinstance(record["event"], dict)
         for name in record["event"]["modules"]  # type: ignore[union-attr]
     }
-    return "torch" in learned and (not ddp or mode != "new" or "torch._dynamo" in learned)
+    return "torch" in learned and (not ddp or "torch._dynamo" in learned)
 
 
 def wait_until(check: Callable[[], bool], process: subprocess.Popen[bytes], bound: float) -> bool:

@@ -279,6 +279,7 @@ class ElasticAgent(Service):
                 ) as self._guardian,
                 node_template(
                     self.spec,
+                    private,
                     emit=self._emit,
                     guardian=self._guardian,
                     prefix=die_with_agent_prefix(),
@@ -304,8 +305,8 @@ class ElasticAgent(Service):
                 await tg.start(self._worker_store.serve)
                 tg.start_soon(self._steps.show, self._step_board_place)
                 if self._template is not None and self._template.learning:
-                    learn = self._template.learn
-                    tg.start_soon(watch_loaded, self._worker_pids, self._reported_modules, learn)
+                    watching = partial(watch_loaded, self._worker_pids, self._reported_modules)
+                    tg.start_soon(watching, self._template.learn, self._template.imports)
                 task_status.started()
                 with anyio.CancelScope() as self._main_scope:
                     if self._stop_signal is None:

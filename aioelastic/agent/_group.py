@@ -310,6 +310,8 @@ class WorkerGroup:
         if laid_out is not None:
             env.update(laid_out.env)  # what the LogsSpecs's reify set, as under torchrun
         env.update(extra_env or {})
+        if self._template is not None:  # what it imports, if started plainly (learning)
+            env.update(self._template.recording_env(ranks.local_rank, env))
         steps, their_steps = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env[STEPS_FD_ENV] = str(their_steps.fileno())
         pass_fds = (*pass_fds, their_steps.fileno())

@@ -6,11 +6,14 @@ load and has the template (``_template.py``) import it, so that every later star
 process as warm as a worker: restart, replacement, spare. The first start stays a plain one,
 exactly as torchrun's.
 
-Two sources, both read by the agent without the workers' help: the installed packages whose
-compiled code a worker's process has mapped (``/proc/PID/maps``: a plain training script says
-nothing else, and ``import torch`` is most of its start), and the module names a linked worker
-reported after its first step (``--recovery in-place``: ``worker/_warm.py``). The rules are
-pure functions here; :func:`read_maps` and :func:`watch` are the only I/O.
+Three sources, none of which needs the user's script to help: the installed packages whose
+compiled code a worker's process has mapped (``/proc/PID/maps``: ``import torch`` is most of a
+start); the names of the modules a plainly started worker imported, in order, which the worker
+site appends to a file the agent names (:mod:`aioelastic._imports_file`: pure-Python modules
+imported lazily, such as ``torch._dynamo`` in the first ``DistributedDataParallel(...)``, never
+show in the maps); and the module names a linked worker reported after its first step
+(``--recovery in-place``: ``worker/_warm.py``). The rules are pure functions here;
+:func:`read_maps`, :class:`ImportsFile` and :func:`watch` are the only I/O.
 """
 
 from __future__ import annotations
@@ -71,23 +74,58 @@ def read_maps(pid: int) -> str:
         return ""
 
 
+def complete_lines(data: bytes) -> tuple[list[str], int]:
+    """The names in ``data`` (one a line, as :mod:`aioelastic._imports_file` writes them) up to
+    its last newline, and how many bytes those lines take (a line still being written waits
+    for the next read); a line that is not a module name is left out."""
+    end = data.rfind(b"\n") + 1
+    lines = data[:end].decode(errors="replace").splitlines()
+    names = [line for line in lines if line and all(p.isidentifier() for p in line.split("."))]
+    return names, end
+
+
+class ImportsFile:
+    """The file the worker site appends a worker's imports to, read from where the last
+    :meth:`read_new` stopped (workers started plainly again append to it too)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset = 0
+
+    def read_new(self) -> list[str]:
+        """The names appended since the last call ([] while there is no file)."""
+        try:
+            with open(self.path, "rb") as file:
+                file.seek(self._offset)
+                names, used = complete_lines(file.read())
+        except OSError:
+            return []
+        self._offset += used
+        return names
+
+
 async def watch(
     pids: Callable[[], Sequence[int]],
     reported: Callable[[], Sequence[str]],
     learn: Callable[[Sequence[str]], None],
+    imports: ImportsFile | None = None,
+    *,
+    first_look: float = FIRST_LOOK,
 ) -> None:
     """Tell ``learn`` what the workers ``pids()`` have loaded (their packages from their
-    maps, then the names ``reported()`` by linked workers) once it stopped growing (one look
-    found nothing new: the template's imports then compete with the workers' training, not
-    with their start); look again after intervals that double up to :data:`LAST_INTERVAL`.
-    Runs until cancelled."""
+    maps, then the names the worker site wrote to ``imports`` in import order, then those
+    ``reported()`` by linked workers) once it stopped growing (one look found nothing new:
+    the template's imports then compete with the workers' training, not with their start);
+    look first after ``first_look`` seconds, then after intervals that double up to
+    :data:`LAST_INTERVAL`. Runs until cancelled."""
     known: set[str] = set()
     pending: list[str] = []
-    delay = FIRST_LOOK
+    delay = first_look
     while True:
         await anyio.sleep(delay)
         delay = min(delay * 2, LAST_INTERVAL)
         names = [name for pid in pids() for name in packages_in_maps(read_maps(pid))]
+        names += imports.read_new() if imports is not None else []
         new = [name for name in dict.fromkeys([*names, *reported()]) if name not in known]
         known.update(new)
         pending += new

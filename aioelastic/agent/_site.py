@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from aioelastic._imports_file import IMPORTS_FILE_ENV
+
 WORKER_SITE = str(Path(__file__).parents[1] / "_worker_site")
 """The directory whose ``sitecustomize`` installs a Python worker's exit hook."""
 
@@ -21,11 +23,17 @@ def worker_site_env(base: Mapping[str, str]) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([WORKER_SITE, given] if given else [WORKER_SITE])}
 
 
+def loads_worker_site(env: Mapping[str, str]) -> bool:
+    """Whether a Python worker with ``env`` loads the ``sitecustomize`` of :data:`WORKER_SITE`."""
+    return env.get("PYTHONPATH", "").split(os.pathsep)[0] == WORKER_SITE
+
+
 def without_worker_site(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` as the ``sitecustomize`` of :data:`WORKER_SITE` leaves it once loaded: a worker
-    forked from a template that loaded it (the exit hook is inherited) gets this one."""
-    paths = env.get("PYTHONPATH", "").split(os.pathsep)
-    if paths[0] != WORKER_SITE:
-        return dict(env)
-    rest = {name: value for name, value in env.items() if name != "PYTHONPATH"}
-    return {**rest, "PYTHONPATH": os.pathsep.join(paths[1:])} if len(paths) > 1 else rest
+    forked from a template that loaded it (the exit hook is inherited) gets this one. It has
+    no :data:`~aioelastic._imports_file.IMPORTS_FILE_ENV` either: a fork records nothing."""
+    left = {name: value for name, value in env.items() if name != IMPORTS_FILE_ENV}
+    if not loads_worker_site(left):
+        return left
+    paths = left.pop("PYTHONPATH").split(os.pathsep)
+    return {**left, "PYTHONPATH": os.pathsep.join(paths[1:])} if len(paths) > 1 else left

@@ -25,8 +25,10 @@ Modules that cannot be preloaded at the start fail the launch (:class:`PreloadEr
 job never silently runs without them.
 
 Learning (``--fork-template auto``, the default): the agent tells :meth:`Template.learn` what
-its workers had loaded (``_learned.py``), and the template imports it leniently (a failing
-import is skipped, one that would start a thread left out, in ``_template_main.learn_all``).
+its workers had loaded (``_learned.py``; local rank 0 of the plainly started workers records
+its imports in :attr:`Template.imports`, see :meth:`Template.recording_env`), and the template
+imports it leniently (a failing import is skipped, one that would start a thread left out, in
+``_template_main.learn_all``; a few thousand names go in requests of :data:`LEARN_BYTES`).
 Without ``--preload`` the template starts only then, so the first workers start plainly, as
 torchrun's do, and the later ones (restart, replacement, spare) fork from a warm process. A
 replacement template imports the learned modules again.
@@ -53,13 +55,14 @@ from typing import IO, TYPE_CHECKING, Self
 import anyio
 from anyio.abc import TaskGroup
 
+from aioelastic._imports_file import IMPORTS_FILE_ENV
 from aioelastic.agent import _template_codec as codec
 from aioelastic.agent._errors import AgentError
 from aioelastic.agent._events import AgentEvent, TemplateLearned, TemplateLost, TemplateReady
 from aioelastic.agent._guardian import Guardian
 from aioelastic.agent._guardian_main import TOKEN_VARIABLE
-from aioelastic.agent._learned import worth_a_template
-from aioelastic.agent._site import without_worker_site
+from aioelastic.agent._learned import ImportsFile, worth_a_template
+from aioelastic.agent._site import loads_worker_site, without_worker_site
 from aioelastic.agent._template_checks import script_path0
 from aioelastic.agent._template_codec import check_module_names
 from aioelastic.agent._template_command import PythonCommand, python_command, template_env
@@ -78,6 +81,9 @@ EXIT_TIMEOUT = 5.0
 """How long closing waits for the template to leave before killing it."""
 DYING_BOUND = 1.0
 """How long a fork request waits for a template whose socket closed to exit (it blocks)."""
+LEARN_BYTES = 64 * 1024
+"""The most bytes of names one request to import learned modules carries (a worker may have
+loaded thousands; a packet on the control socket holds about 200 KB)."""
 
 Redirect = int | IO[bytes] | None
 
@@ -144,6 +150,7 @@ class Template:
         guardian: Guardian | None = None,
         prefix: Sequence[str] = (),
         max_restarts: int = MAX_RESTARTS,
+        imports_file: str | None = None,
     ) -> None:
         self.command = command
         self.modules = check_module_names(modules)
@@ -152,6 +159,8 @@ class Template:
         """What of the names :meth:`learn` was told the template holds (not those whose
         import failed, or would start a thread)."""
         self._learning = learn
+        self.imports = ImportsFile(imports_file) if learn and imports_file else None
+        """Where local rank 0 of the plainly started workers records its imports (learning)."""
         self._preloading = bool(self.modules)
         self._wanted: dict[str, None] = {}
         self._rejected: set[str] = set()
@@ -192,6 +201,14 @@ class Template:
     def learning(self) -> bool:
         """Whether :meth:`learn` imports what it is told (``--fork-template auto``)."""
         return self._learning
+
+    def recording_env(self, local_rank: int, env: Mapping[str, str]) -> dict[str, str]:
+        """What a worker's environment ``env`` gets so that, started plainly, it records its
+        imports for :meth:`learn` (local rank 0 only: the node's workers run one script; a
+        worker forked from the template records nothing, see :meth:`fork`)."""
+        if self.imports is None or local_rank != 0 or not loads_worker_site(env):
+            return {}
+        return {IMPORTS_FILE_ENV: self.imports.path}
 
     @property
     def available(self) -> bool:
@@ -399,7 +416,7 @@ class Template:
             elif not process.ready or self._importing:
                 await self._wait_arrival()
             else:
-                await self._import_learned(process, missing)
+                await self._import_learned(process, _first_bytes(missing, LEARN_BYTES))
 
     async def _import_learned(self, process: _Process, names: list[str]) -> None:
         request_id = self._take_id()
@@ -562,6 +579,7 @@ class Template:
 @asynccontextmanager
 async def node_template(
     spec: WorkerSpec,
+    directory: str,
     *,
     emit: Callable[[AgentEvent], None],
     guardian: Guardian | None,
@@ -569,8 +587,9 @@ async def node_template(
 ) -> AsyncIterator[Template | None]:
     """The node's fork template for ``spec``'s workers (started through ``prefix``): with
     ``spec.preload`` started now, so that its imports run while the agent rendezvouses;
-    learning (``spec.fork_template``), started once the workers loaded something worth it.
-    None when workers cannot be forked."""
+    learning (``spec.fork_template``), started once the workers loaded something worth it
+    (what they import is recorded in ``directory``, the agent's private one). None when
+    workers cannot be forked."""
     learn = spec.fork_template == "auto" and spec.numa_binding is None
     try:
         command = python_command(spec.argv) if spec.preload or learn else None
@@ -588,6 +607,7 @@ async def node_template(
         emit=emit,
         guardian=guardian,
         prefix=prefix,
+        imports_file=str(Path(directory, "imports")),
     )
     async with template:
         yield template
@@ -630,6 +650,18 @@ def _died(process: _Process) -> str:
             else "it died"
         )
     return f"it died (exit status {code})"
+
+
+def _first_bytes(names: Sequence[str], limit: int) -> list[str]:
+    """The first of ``names`` (one at least) whose lengths add up to at most ``limit``."""
+    taken: list[str] = []
+    size = 0
+    for name in names:
+        size += len(name) + 4  # its quotes, comma and space in the JSON request
+        if taken and size > limit:
+            break
+        taken.append(name)
+    return taken
 
 
 def _descriptors(redirects: Sequence[Redirect]) -> tuple[list[int], list[int]]:
