@@ -49,6 +49,10 @@ class Attempts:
         self.warm_modules: list[str] = []
         """What this node's workers had loaded by their first step (see
         :attr:`InPlaceGroup.warm_modules`): learned in one attempt, kept for the next."""
+        self.epochs_run: set[int] = set()
+        """The in-place epochs across nodes this agent's groups began or joined: a node an
+        epoch began with that never ran it (the round ended under it in its slot exchange)
+        joins it without calling an earlier life lost."""
         self._current: InPlaceGroup | None = None
         self._warned = False
         self._heard: tuple[RendezvousInfo, tuple[NodeRecord, ...]] | None = None
@@ -109,6 +113,7 @@ class Attempts:
             )
             shared.store = self.store
             shared.warm_modules = self.warm_modules
+            shared.epochs_run = self.epochs_run
             self._current = shared
             return shared
         if info.group_world_size > 1:

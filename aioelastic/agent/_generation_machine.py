@@ -31,7 +31,10 @@ ended, stop a worker, report.
 * **Membership.** A lost node (its agent died, or the rendezvous lost it) removes its workers
   and makes a smaller generation. A joining node's workers are started and join the *next*
   generation once all of them are ready; the running generation is not disturbed meanwhile.
-  A node joining before generation 1 was assigned is simply one of generation 1's.
+  A node joining before generation 1 was assigned is simply one of generation 1's; so is a
+  node the epoch began with whose agent never started its workers (the round that began it
+  ended under that agent in the slot exchange, after the others had read its slot): it joins,
+  and only then starts the workers the log's beginning gave it.
 * **Verdicts.** A member whose ``with world:`` raised while its world seemed valid asks
   whether the world ended (:class:`Troubled`); its agent reports when it waited long enough
   (:class:`VerdictDue`). If by then most members asked while the others said nothing, the
@@ -529,11 +532,13 @@ class GenerationMachine:
         return out + self._member_gone(now, f"node {node} {how}")
 
     def _node_joined(self, event: NodeJoined, now: float) -> list[Command]:
-        if event.node in self._roster.nodes:
-            raise GenerationProtocolError(
-                event, self.phase, f"node {event.node} is already in the job"
-            )
         waiting = self.phase is Phase.WAITING  # before generation 1: the node is one of its own
+        if event.node in self._roster.nodes:
+            unstarted = self._roster.unstarted(event.node, event.spec) if waiting else None
+            if unstarted is None:
+                why = f"node {event.node} is already in the job"
+                raise GenerationProtocolError(event, self.phase, why)
+            return [Spawn(w.key, w.slot) for w in unstarted]  # it missed the epoch's beginning
         self._roster.add_node(event.node, event.spec, in_world=waiting)
         if waiting:
             self._first[WorkerState.STARTING] += event.spec.local_world_size

@@ -100,6 +100,15 @@ class Roster:
         made = [self.new_worker(node, s, joiner=joiner) for s in range(state.spec.local_world_size)]
         return made + [self.new_worker(node, None) for _ in range(state.spec.spares)]
 
+    def unstarted(self, node: int, spec: NodeSpec) -> list[RosterWorker] | None:
+        """``node``'s workers if it joins with the spec it had and none of them was ever heard
+        from (its agent may never have started them); else None."""
+        state = self.nodes.get(node)
+        workers = [w for w in self.workers.values() if w.key.node == node]
+        if state is None or state.spec != spec:
+            return None
+        return workers if all(w.state is WorkerState.STARTING for w in workers) else None
+
     def spares(self, node: int | None = None) -> tuple[WorkerKey, ...]:
         """Ready spares (on ``node``, or anywhere), oldest first."""
         return tuple(

@@ -124,6 +124,9 @@ class InPlaceGroup(LinkedWorkers):
     """The modules this node's workers had loaded by their first step, in import order (each
     reports them once, see ``aioelastic/worker/_warm.py``): what its idle spares import.
     :class:`Attempts` shares one list across attempts; a group without one keeps its own."""
+    epochs_run: set[int] | None = None
+    """Across nodes, the epochs this agent's groups began or joined (:class:`Attempts` shares
+    one set across attempts; None: unknown, every epoch taken for one it ran)."""
 
     def __init__(
         self,
@@ -258,10 +261,14 @@ class InPlaceGroup(LinkedWorkers):
     def _start_workers(self, pumps: TaskGroup, watchers: TaskGroup) -> None:
         self._pumps, self._watchers = pumps, watchers
         now = anyio.current_time()
+        ran = self.epochs_run
+        ran_it = ran is None or self.epoch in ran
+        if ran is not None:
+            ran.add(self.epoch)
         if self._plan is not None and self._plan.action == "join":
             # A joining node's workers are started when its NodeJoined is read back.
             spec = g.NodeSpec(self.spec.local_world_size, self.spec.spares)
-            for event in self.replica.join(self._begin, spec, now):
+            for event in self.replica.join(self._begin, spec, now, ran_it=ran_it):
                 self._record(event, now)
             return
         self._apply(self.replica.begin(self._begin, now))

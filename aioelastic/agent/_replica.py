@@ -25,7 +25,9 @@ The rules that are not the machine's but every agent's:
   :class:`~._generation_types.TimedOut`, once per generation.
 * **Replay.** A node joining a running epoch replays its log from the start; the workers the
   log names are gone, and until its own arrival (``NodeJoined`` written by this agent) is read
-  back it acts on nothing but the epoch's end.
+  back it acts on nothing but the epoch's end. A node the epoch began with that never ran it
+  (the round ended under it in the slot exchange: the nodes of one round may disagree on
+  whether it began) has no earlier life to call lost: it only joins.
 * **This node.** Only the commands about this node's workers concern it; it tells workers
   first, then starts processes, then reports; a new spare waits until the world formed
   (starting a process holds the agent's loop, which also serves the world's store).
@@ -161,12 +163,19 @@ class Replica:
         self.decided = self.machine.start(now)
         return self._mine(self.decided, now)
 
-    def join(self, begin: Begin, spec: NodeSpec, now: float) -> list[Event]:
+    def join(self, begin: Begin, spec: NodeSpec, now: float, *, ran_it: bool = True) -> list[Event]:
         """Join a running epoch whose log began with ``begin``: replay it (the workers it names
-        are gone); what to log: this node's earlier life is lost, and it joins with ``spec``."""
+        are gone); what to log: this node's earlier life is lost, and it joins with ``spec``.
+
+        ``ran_it``: whether this agent ran the epoch before. A node the epoch began with whose
+        agent never did (the round that began it ended under this agent in its slot exchange,
+        after the others had read its slot) had no earlier life there: it only joins, one of
+        generation 1's (``_generation_machine.py``, Membership)."""
         self.machine = self._new_machine(begin.nodes, begin.first_generation)
         self.machine.start(now)
         self.replaying = True
+        if self.node in begin.nodes and not ran_it:
+            return [NodeJoined(self.node, spec)]
         return [NodeLost(self.node), NodeJoined(self.node, spec)]
 
     def _new_machine(self, nodes: Mapping[int, NodeSpec], first: int) -> GenerationMachine:

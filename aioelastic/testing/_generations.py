@@ -26,7 +26,7 @@ not form, and with ``leave_timeout`` a survivor of its node that did not leave i
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from aioelastic.agent._generations import (
@@ -103,6 +103,8 @@ class WorldSimulation:
 
     ``leave_timeout``: how long a survivor told that its world ended has to enter the next
     before its agent reports it stuck (default: never by itself; :meth:`stuck` says so).
+    ``missed``: nodes the epoch begins with whose agents missed its beginning (the round ended
+    under them in the slot exchange): none of their workers starts until :meth:`join_node`.
     """
 
     def __init__(
@@ -112,16 +114,21 @@ class WorldSimulation:
         recovery_timeout: float = 30.0,
         replicas: int = 1,
         leave_timeout: float = math.inf,
+        missed: Collection[int] = (),
     ) -> None:
         if replicas < 1:
             raise ValueError(f"a simulation needs at least one replica, got {replicas!r}")
+        self.missed = set(missed)
+        """Nodes whose agents missed the epoch's beginning and did not join yet."""
+        if not self.missed < set(nodes):
+            raise ValueError(f"missed nodes {sorted(missed)} must be some of {sorted(nodes)}")
         self.clock = ManualClock()
-        self.specs = dict(nodes)
+        self.specs = {n: spec for n, spec in nodes.items() if n not in self.missed}
         self.recovery_timeout = recovery_timeout
         self.leave_timeout = leave_timeout
         self._begin = Begin(dict(nodes), 1)
         self._replicated = replicas > 1
-        order = sorted(nodes)
+        order = sorted(self.specs)
         self.agents = [self._replica(order[i % len(order)], i) for i in range(replicas)]
         """Each agent's replica (the first one's decisions are the simulation's)."""
         self.log: list[bytes] = []
@@ -137,7 +144,11 @@ class WorldSimulation:
         for index, agent in enumerate(self.agents):
             agent.begin(self._begin, self._their_now(index))
             self._agree(index, self.agents[0].decided, agent.decided)
-        self._apply(self.agents[0].decided)
+        self._apply([c for c in self.agents[0].decided if not self._missing(c)])
+
+    def _missing(self, command: Command) -> bool:
+        """Whether ``command`` starts a worker on a node whose agent missed the beginning."""
+        return isinstance(command, Spawn) and command.worker.node in self.missed
 
     def _replica(self, node: int, index: int) -> Replica:
         replica = Replica(
@@ -187,6 +198,7 @@ class WorldSimulation:
             del self.running[key]
             self.exited[key] = -9
         self.specs.pop(node, None)
+        self.missed.discard(node)
         self._send(NodeLost(node, left=left))
 
     def take_for_lost(self, node: int) -> None:
@@ -197,18 +209,22 @@ class WorldSimulation:
 
     def join_node(self, node: int, spec: NodeSpec) -> None:
         """A new node's agent joins the job (replicated: a replica that replays the log first,
-        then logs that the node's earlier life is lost and that it joins)."""
+        then logs that the node's earlier life is lost and that it joins); or the agent of a
+        node that missed the epoch's beginning, which has no earlier life there."""
+        missed = node in self.missed
+        self.missed.discard(node)
         if not self._replicated:
             self.specs[node] = spec
             self._send(NodeJoined(node, spec))
             return
         late = self._replica(node, len(self.agents))
-        arrival = late.join(self._begin, spec, self.clock.now())
+        arrival = late.join(self._begin, spec, self.clock.now(), ran_it=not missed)
         for raw in self.log:
             late.feed(decode_entry(raw), self.clock.now())
         self.agents.append(late)
-        lost, joined = arrival
-        self._send(lost, by=late.token)
+        *lost, joined = arrival
+        for event in lost:
+            self._send(event, by=late.token)
         self.specs[node] = spec
         self._send(joined, by=late.token)
 

@@ -51,14 +51,19 @@ class RandomRecoveries(RuleBasedStateMachine):
     @initialize(
         sizes=st.lists(st.integers(1, 3), min_size=1, max_size=3),
         spares=st.integers(0, 2),
+        missed=st.booleans(),
     )
-    def start(self, sizes: list[int], spares: int) -> None:
+    def start(self, sizes: list[int], spares: int, missed: bool) -> None:
+        """``missed``: the last of several nodes missed the epoch's beginning (the round ended
+        under it in its slot exchange, after the others had read its slot)."""
         self.sim = WorldSimulation(
             {n: NodeSpec(size, spares) for n, size in enumerate(sizes)},
             recovery_timeout=10.0,
             replicas=self.replicas,
             leave_timeout=5.0,
+            missed={len(sizes) - 1} if missed and len(sizes) > 1 else (),
         )
+        self.began_with = {n: NodeSpec(size, spares) for n, size in enumerate(sizes)}
         self.lost: list[tuple[int, NodeSpec]] = []
         self.next_node = len(sizes)
         self.checked = 0
@@ -135,6 +140,13 @@ class RandomRecoveries(RuleBasedStateMachine):
             self.lost.remove((node, spec))
             self.sim.join_node(node, spec)
 
+    @precondition(lambda self: self.live() and self.sim.missed)
+    @rule()
+    def node_that_missed_the_beginning_joins(self) -> None:
+        node = min(self.sim.missed)
+        self.sim.join_node(node, self.began_with[node])
+        assert self.sim.machine.phase is not Phase.FELL_BACK, self.sim.fallback
+
     @precondition(lambda self: self.live() and self.next_node < 5)
     @rule(size=st.integers(1, 2), spares=st.integers(0, 1))
     def new_node_joins(self, size: int, spares: int) -> None:
@@ -207,6 +219,8 @@ class RandomRecoveries(RuleBasedStateMachine):
         """Once the processes stop misbehaving, the world settles: formed, or ended."""
         if not hasattr(self, "sim") or not self.live():
             return
+        for node in sorted(self.sim.missed):
+            self.sim.join_node(node, self.began_with[node])
         self.sim.enter_all()
         assert self.sim.machine.phase in (Phase.RUNNING, *TERMINAL_PHASES)
 
@@ -320,3 +334,44 @@ def test_a_replaying_replica_logs_no_loss_and_no_leaving() -> None:
     assert not core.replaying
     assert core.saw_node_lost(0) == [NodeLost(0)]
     assert core.saw_leaving() == NodeLost(3, left=True)
+
+
+def test_a_node_the_epoch_began_with_that_never_ran_it_joins_generation_1() -> None:
+    """The round that began the epoch ended under node 0 in its slot exchange: node 1 began it
+    and its worker asks; node 0's agent, never having run it, only joins (no earlier life to
+    call lost), starts the workers the beginning gave it, and generation 1 holds both."""
+    sim = WorldSimulation({0: NodeSpec(1, 1), 1: NodeSpec(1)}, replicas=2, missed={0})
+    assert set(sim.running) == {WorkerKey(1, 0)}
+    sim.ready_all()
+    sim.join_node(0, NodeSpec(1, 1))
+    assert set(sim.running) == {WorkerKey(1, 0), WorkerKey(0, 0), WorkerKey(0, 1)}
+    sim.enter_all()
+    assert sim.fallback is None
+    generation = sim.machine.generation
+    assert generation is not None
+    assert (generation.number, generation.members) == (1, (WorkerKey(0, 0), WorkerKey(1, 0)))
+    assert sim.machine.phase is Phase.RUNNING
+
+
+def test_an_agent_that_ran_the_epoch_joins_it_again_as_a_lost_node() -> None:
+    """A node of the epoch's beginning whose agent ran it (its workers there are gone) says
+    its earlier life is lost before it joins: before generation 1 that falls back."""
+    began = Begin({0: NodeSpec(1), 1: NodeSpec(1)}, 1)
+    core = Replica(0, recovery_timeout=10.0, replicated=True, token="me")
+    assert core.join(began, NodeSpec(1), 0.0) == [NodeLost(0), NodeJoined(0, NodeSpec(1))]
+    fresh = Replica(0, recovery_timeout=10.0, replicated=True, token="me")
+    assert fresh.join(began, NodeSpec(1), 0.0, ran_it=False) == [NodeJoined(0, NodeSpec(1))]
+    other = Replica(2, recovery_timeout=10.0, replicated=True, token="me")
+    assert other.join(began, NodeSpec(1), 0.0, ran_it=False)[0] == NodeLost(2)
+
+
+def test_a_node_whose_workers_were_heard_cannot_join_again_without_being_lost() -> None:
+    """NodeJoined of a node already in the job is a protocol error once one of its workers
+    asked (its agent ran them), or with another spec, or after generation 1 was assigned."""
+    core = Replica(1, recovery_timeout=10.0, replicated=True)
+    core.begin(Begin({0: NodeSpec(1), 1: NodeSpec(1)}, 1), 0.0)
+    with pytest.raises(GenerationProtocolError, match="node 0 is already in the job"):
+        core.feed(LogEntry(NodeJoined(0, NodeSpec(2))), 0.0)
+    core.feed(LogEntry(Ready(WorkerKey(0, 0))), 0.0)
+    with pytest.raises(GenerationProtocolError, match="node 0 is already in the job"):
+        core.feed(LogEntry(NodeJoined(0, NodeSpec(1))), 0.0)
