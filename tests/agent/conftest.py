@@ -164,19 +164,23 @@ async def launched(
         [*program, *argv], stdin=subprocess.DEVNULL, cwd=cwd, env={**os.environ, **(env or {})}
     )
     run = Launched(process)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_copy, process.stdout, run.out)
-        tg.start_soon(_copy, process.stderr, run.err)
-        try:
-            yield run
-        finally:
-            with anyio.CancelScope(shield=True):
-                if process.returncode is None:
-                    process.kill()
-                await process.wait()
-            # Output still in flight is read; a pipe held open by a stray process is not waited.
-            tg.cancel_scope.deadline = anyio.current_time() + 5
-    await process.aclose()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_copy, process.stdout, run.out)
+            tg.start_soon(_copy, process.stderr, run.err)
+            try:
+                yield run
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if process.returncode is None:
+                        process.kill()
+                    await process.wait()
+                # Output still in flight is read; a pipe held open by a stray process is not
+                # waited.
+                tg.cancel_scope.deadline = anyio.current_time() + 5
+    finally:  # also when the block was cancelled: the loop closes after the test
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
 
 
 def static_argv(port: int, node_rank: int, *rest: str) -> list[str]:
