@@ -172,6 +172,19 @@ def test_an_error_of_a_valid_world_propagates_after_asking(agent: Agent) -> None
     assert said[-1] == p.Trouble(1, "ValueError: own bug")
 
 
+def test_a_rank_that_asks_late_gets_the_world_in_force(agent: Agent) -> None:
+    """Generations 1 and 2 came and went before this rank asked (a slow start): its first world
+    is generation 3, and it enters none that ended."""
+    agent.say(place(1), place(2, world_size=3), p.WorldEnded(1, "rank 1 failed"))
+    agent.say(place(3, world_size=2))
+    worlds = worker.worlds()
+    first = next(worlds)
+    assert (first.generation, first.world_size) == (3, 2)
+    with first:
+        first.check()
+    assert [type(m) for m in agent.heard()] == [p.Hello, p.Enter]
+
+
 def test_no_more_worlds_ends_the_loop_of_a_waiting_spare(agent: Agent) -> None:
     """A spare that is never needed leaves worlds() when the job finishes."""
     agent.say(p.NoMoreWorlds("the job finished"))
