@@ -23,9 +23,11 @@ ended, stop a worker, report.
 * **A failure.** A member that fails (while forming or running) ends its generation: every
   other assigned member is told, and the next generation is assigned at once. Survivors keep
   their slots and, where it is below the new world size, their rank. A failed slot goes to a
-  spare on the same node when there is one (a ready one first, else one still starting; then
-  a new spare is started in the background), else to a new process; fresh members are
-  assigned as soon as they are ready.
+  spare on the same node when there is one (a ready one first, else one still starting), else
+  to a new process; fresh members are assigned as soon as they are ready. The spares a node
+  lacks are started once the generation formed, never while it forms (they would compete with
+  its members starting): a spare that does not exist yet takes no slot, so a second failure
+  while forming gets a new process, not a wait for a spare nobody starts.
   Failures while a generation forms simply make the next one (two failures at once: two
   generations in a row, or one, depending on order; never a rank held twice).
 * **Membership.** A lost node (its agent died, or the rendezvous lost it) removes its workers
@@ -371,6 +373,8 @@ class GenerationMachine:
             self._holds_state = frozenset(generation.members)
             since = None if recovery.failed_at is None else now - recovery.failed_at
             commands: list[Command] = [GenerationFormed(generation, recovery.replacements, since)]
+            for node in sorted({key.node for key in generation.members}):
+                commands += self._replenish(node)
             return commands + self._admit_ready_joiners(now)
         return []
 
@@ -591,7 +595,6 @@ class GenerationMachine:
                 if spare is not None:
                     worker = self._roster[spare]
                     worker.slot = slot
-                    commands += self._replenish(node)
                     by_spare = True
                 else:
                     worker = self._roster.new_worker(node, slot)
@@ -650,8 +653,9 @@ class GenerationMachine:
         return [Spawn(w.key, w.slot) for w in self._roster.node_workers(node, joiner=joiner)]
 
     def _replenish(self, node: int) -> list[Command]:
-        """Start spares until ``node`` has as many (ready or starting) as it should."""
-        if self.phase in TERMINAL_PHASES:
+        """Start spares until ``node`` has as many (ready or starting) as it should; none while
+        a generation forms (its formation starts them)."""
+        if self.phase in TERMINAL_PHASES or self.phase is Phase.FORMING:
             return []
         missing = self._roster.spares_missing(node)
         return [Spawn(self._roster.new_worker(node, None).key, None) for _ in range(missing)]

@@ -51,7 +51,6 @@ from aioelastic.agent._generation_types import (
     Exited,
     FallBack,
     Finish,
-    GenerationFormed,
     NodeJoined,
     NodeLost,
     NodeOut,
@@ -124,7 +123,6 @@ class Replica:
         leave = recovery_timeout / 2 if leave_timeout is None else leave_timeout
         self._leaving = LeaveDeadlines(leave, CANNOT_ABORT_GRACE)
         self._timed_out: set[int] = set()
-        self._later: list[Spawn] = []
 
     @property
     def verdict_grace(self) -> float:
@@ -307,13 +305,9 @@ class Replica:
             *(c for c in ours if isinstance(c, Spawn)),
             *(c for c in ours if not isinstance(c, _TOLD | Spawn)),
         ]
-        forming = self._machine().phase is Phase.FORMING
         done: list[Command] = []
         for command in ordered:
             match command:
-                case Spawn(slot=None) if forming:
-                    self._later.append(command)  # a new spare waits until the world formed
-                    continue
                 case EndWorld(workers=workers, generation=number):
                     here = tuple(k for k in workers if k.node == self.node)
                     for key in here:
@@ -324,9 +318,6 @@ class Replica:
                     command = replace(command, workers=here)
                 case Evict(worker=key):
                     self._leaving.forget(key)
-                case GenerationFormed():
-                    done += self._later
-                    self._later = []
             done.append(command)
         return done
 

@@ -463,7 +463,8 @@ class WorldSimulation:
                 and w.spawned_for is None
                 and (generation is None or k not in generation.members)
             ]
-            if len(spares) != spec.spares:
+            lacking = spec.spares - len(spares)  # while a generation forms, started after it
+            if lacking < 0 or (lacking and phase is not Phase.FORMING):
                 raise ProtocolViolation(f"node {node} has {len(spares)} spares, not {spec.spares}")
         for formed in self.formed:
             if formed.since_failure is not None and formed.since_failure < 0:

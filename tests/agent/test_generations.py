@@ -92,21 +92,40 @@ def test_failure_replaces_only_that_worker_and_survivors_keep_their_ranks() -> N
     assert sim.formed[-1].since_failure == 0.0
 
 
-def test_a_spare_takes_the_place_and_a_new_spare_is_started() -> None:
-    """With a ready spare, the failed slot is the spare's at once; another spare starts."""
+def test_a_spare_takes_the_place_and_a_new_spare_is_started_once_it_formed() -> None:
+    """With a ready spare, the failed slot is the spare's at once; another spare starts once
+    the new generation formed (not while its members start)."""
     sim = formed({0: NodeSpec(2, spares=1)})
     spare = sim.machine.spares(0)[0]
+    spawned = len([c for c in sim.commands if isinstance(c, Spawn)])
     sim.fail(sim.member(1))
     generation = sim.machine.generation
     assert generation is not None
     assert generation.members[1] == spare
-    replacement = sim.formed and sim.generations[-1]
-    assert replacement
-    spawned = [c for c in sim.commands if isinstance(c, Spawn)]
-    assert spawned[-1].slot is None  # the new spare
     assert sim.running[spare].place is not None  # assigned without waiting for anything
+    assert len([c for c in sim.commands if isinstance(c, Spawn)]) == spawned
     sim.enter_all()
     assert sim.formed[-1].replacements[0].spare
+    new = [c for c in sim.commands if isinstance(c, Spawn)][spawned:]
+    assert [c.slot for c in new] == [None]
+    assert sim.machine.spares(0) == (new[0].worker,)
+
+
+def test_a_second_failure_while_forming_gets_a_new_process_not_a_spare_never_started() -> None:
+    """The spare took the first failed slot; the next failure before the world formed goes to
+    a new process at once (no spare exists to wait for), and the world forms."""
+    sim = formed({0: NodeSpec(2, spares=1)})
+    spare = sim.machine.spares(0)[0]
+    sim.fail(sim.member(0))
+    sim.fail(sim.member(1))
+    generation = sim.machine.generation
+    assert generation is not None
+    assert generation.members[0] == spare
+    replaced = next(c for c in reversed(sim.commands) if isinstance(c, Spawn))
+    assert (replaced.worker, replaced.slot) == (generation.members[1], 1)
+    sim.enter_all()
+    assert sim.machine.phase is Phase.RUNNING
+    assert len(sim.machine.spares(0)) == 1
 
 
 def test_the_holders_of_a_nodes_slots_are_its_members_never_an_idle_spare() -> None:

@@ -194,6 +194,21 @@ async def test_leaving_the_loop_after_a_world_ended_says_what_to_write(tmp_path:
     ) in run.err.text, run
 
 
+async def test_two_ranks_dying_at_once_with_one_spare_form_the_world_again() -> None:
+    """Both ranks of generation 1 die together: the spare takes the first slot and a new
+    process the second (generation 2, which the second death ends, never formed), and
+    generation 3 forms with them and finishes the job (a spare nobody had started held it until
+    the recovery timeout, then fell back)."""
+    argv = [*IN_PLACE, "--nproc-per-node", "2", "--spares", "1", "--max-restarts", "0"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, str(WORKERS / "inplace_two_die.py")) as run:
+            status = await run.wait()
+    assert status == 0, run
+    assert re.search(r"generation 3: .*-> new process pid [1-9]", run.err.text), run
+    assert "generation 3 formed" in run.err.text, run
+    assert sorted(re.findall(r"gen 3 rank (\d) pid \d+ all in", run.out.text)) == ["0", "1"]
+
+
 async def test_spares_need_in_place_recovery() -> None:
     """--spares without --recovery in-place is refused with one line naming both flags."""
     async with launched("--standalone", "--spares", "1", WORKER) as run:

@@ -302,6 +302,25 @@ def test_a_replica_starts_only_its_own_nodes_workers_and_defers_a_new_spare() ->
     assert [type(c).__name__ for c in formed] == ["Spawn", "GenerationFormed"]
 
 
+def test_two_failures_before_the_world_formed_start_every_member_the_replica_names() -> None:
+    """The spare takes the first failed slot; the second failure, before that world formed,
+    starts a process for its slot at once: every member of the generation is started (a
+    member nobody starts would hold the world until its recovery timeout)."""
+    core = Replica(0, recovery_timeout=10.0)
+    done = core.begin(Begin({0: NodeSpec(2, spares=1)}, 1), 0.0)
+    for key in [WorkerKey(0, 0), WorkerKey(0, 1), WorkerKey(0, 2)]:
+        done += core.feed(LogEntry(Ready(key)), 0.0)
+    for key in [WorkerKey(0, 0), WorkerKey(0, 1)]:
+        done += core.feed(LogEntry(Entered(key, 1)), 0.0)
+    done += core.feed(LogEntry(Exited(WorkerKey(0, 0), -9)), 1.0)
+    done += core.feed(LogEntry(Exited(WorkerKey(0, 1), -9)), 1.0)
+    machine = core.machine
+    assert machine is not None
+    assert machine.generation is not None
+    started = {c.worker for c in done if isinstance(c, Spawn)}
+    assert set(machine.generation.members) <= started, (machine.generation, started)
+
+
 def test_a_generation_that_does_not_form_is_due_once_as_timed_out() -> None:
     """The replica's deadline says TimedOut once per generation, at recovery_timeout."""
     core = replica()
