@@ -12,7 +12,8 @@ clock (no wall clocks compared). Then, on every node:
   node, a ready count, the closing and the stop step, all in the store);
 * the other workers get the signal, as under torchrun, but on every node, not only the one
   that got it (in-place recovery's waiting spares get neither: the group's stop ends them);
-* the group stops restarting and stops following the rendezvous: it waits for every worker to
+* the group stops restarting and stops following the rendezvous (under in-place recovery its
+  world stops changing: no generation replaces a rank that exits): it waits for every rank to
   exit, and SIGKILLs what still runs at the deadline.
 
 The agent then ends the run as ``preempted`` (``RunState.PREEMPTED``) and says which ranks

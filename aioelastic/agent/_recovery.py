@@ -46,7 +46,7 @@ from aioelastic.agent._events import (
 )
 from aioelastic.agent._generation_log import NodeRecord, plan_epoch
 from aioelastic.agent._generation_store import JobLog, OwnLog
-from aioelastic.agent._group import Outcome
+from aioelastic.agent._group import Outcome, _Worker
 from aioelastic.agent._replica import CANNOT_ABORT_GRACE, VERDICT_GRACE, Replica
 from aioelastic.agent._spec import WorkerSpec
 from aioelastic.agent._worker_links import (
@@ -339,8 +339,14 @@ class InPlaceGroup(LinkedWorkers):
         heard: MemoryObjectReceiveStream[Notice] = self._heard
         while True:
             notice: Notice | None = None
-            with anyio.move_on_after(max(0.0, self.replica.next_due() - anyio.current_time())):
+            due = math.inf if self.draining else self.replica.next_due()
+            with anyio.move_on_after(max(0.0, due - anyio.current_time())):
                 notice = await heard.receive()
+            if self.draining:
+                drained = self._drain(notice)
+                if drained is not None:
+                    return drained
+                continue
             now = anyio.current_time()
             if notice is None:
                 commands: list[g.Command] = []
@@ -355,6 +361,26 @@ class InPlaceGroup(LinkedWorkers):
                 self._emit(report())
             if ended is not None:
                 return ended
+
+    def _drain(self, notice: Notice | None) -> tuple[Outcome, str] | None:
+        """The job is preempted: the world stops changing (an exit is the preemption's, not a
+        failure to recover from); the attempt ends once every slot's holder exited (the
+        group's stop ends the idle spares)."""
+        if isinstance(notice, _Exit):
+            worker = self._linked[notice.key].worker
+            if worker.process.returncode == 0:
+                ranks = worker.ranks
+                self._emit(WorkerSucceeded(ranks.local_rank, ranks.rank, worker.process.pid))
+        holders = self._holders()
+        if any(w.process.returncode is None for w in holders):
+            return None
+        failed = any(w.process.returncode != 0 for w in holders)
+        return Outcome.FAILED if failed else Outcome.SUCCEEDED, "every rank exited, preempted"
+
+    def _holders(self) -> list[_Worker]:
+        """This node's workers that hold a slot now (never an idle spare)."""
+        keys = self.machine.holders(self.node).values()
+        return [self._linked[key].worker for key in keys if key in self._linked]
 
     def _record(self, event: g.Event, now: float, *, pid: int | None = None) -> list[g.Command]:
         """Put ``event`` in the world's log; what to do now (on one node, what it means at
@@ -555,11 +581,9 @@ class InPlaceGroup(LinkedWorkers):
         )
 
     def bystanders(self) -> set[int]:
-        """The spares: a preemption leaves them waiting (the group's stop ends them)."""
-        machine = self.replica.machine
-        generation = None if machine is None else machine.generation
-        members = set() if generation is None else set(self._pids(generation))
-        return {w.process.pid for w in self.workers} - members
+        """The idle spares: a preemption leaves them waiting (the group's stop ends them)."""
+        holding = {w.process.pid for w in self._holders()}
+        return {w.process.pid for w in self.workers} - holding
 
     def _pids(self, generation: g.Generation) -> tuple[int, ...]:
         return tuple(self._pid_of(key) for key in generation.members)

@@ -258,6 +258,23 @@ async def test_sigterm_stops_the_workers_and_the_spare(tmp_path: Path) -> None:
             await wait_gone(pid)
     assert status == 128 + signal.SIGTERM, run
     assert len(pids) == 3
+    assert "2 sent SIGTERM" in run.err.text, run
+    assert "generation 2" not in run.err.text, run  # the signal's deaths are not recovered
+    assert "SIGKILL" not in run.err.text, run  # every worker ended before the deadline
+
+
+async def test_sigterm_reaches_workers_that_never_asked_for_a_world() -> None:
+    """Under in-place recovery, workers that do not use the worker API (no generation was ever
+    assigned) get the signal too, and the run ends when they exit, not at the deadline."""
+    argv = [*IN_PLACE, "--nproc-per-node", "2"]
+    with anyio.fail_after(BOUND):
+        async with launched(*argv, WORKER, "--block-unless-nodes", "99") as run:
+            await run.out.wait_for("pids", count=2)
+            run.send_signal(signal.SIGTERM)
+            status = await run.wait()
+    assert status == 128 + signal.SIGTERM, run
+    assert "2 sent SIGTERM" in run.err.text, run
+    assert "SIGKILL" not in run.err.text, run
 
 
 @pytest.mark.torch
