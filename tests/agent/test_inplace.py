@@ -195,10 +195,10 @@ async def test_leaving_the_loop_after_a_world_ended_says_what_to_write(tmp_path:
 
 
 async def test_two_ranks_dying_at_once_with_one_spare_form_the_world_again() -> None:
-    """Both ranks of generation 1 die together: the spare takes the first slot and a new
-    process the second (generation 2, which the second death ends, never formed), and
-    generation 3 forms with them and finishes the job (a spare nobody had started held it until
-    the recovery timeout, then fell back)."""
+    """Both ranks of generation 1 die together (rank 1 kills rank 0 and itself): the spare
+    takes the first slot and a new process the second (generation 2, which the second death
+    ends, never formed), and generation 3 forms with them and finishes the job (a spare nobody
+    had started held it until the recovery timeout, then fell back)."""
     argv = [*IN_PLACE, "--nproc-per-node", "2", "--spares", "1", "--max-restarts", "0"]
     with anyio.fail_after(BOUND):
         async with launched(*argv, str(WORKERS / "inplace_two_die.py")) as run:
