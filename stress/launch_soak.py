@@ -2,8 +2,9 @@
 
 A launcher is judged first by whether every job it is given runs. Each *cell* of the matrix is
 one way to launch (standalone, a static pair of nodes, three c10d or etcd agents; restart or
-in-place recovery; torch's store straight from the job's store or through a token-protected
-loopback relay; 1 or 4 workers; a clean job or one whose worker is SIGKILLed once), run
+in-place recovery, with a spare or without; torch's store straight from the job's store or
+through a token-protected loopback relay; 1 or 4 workers; a clean job or one whose worker is
+SIGKILLed once), run
 ``runs`` times in turn. A run is *ok* when every launcher exits 0 within the bound, and then no
 process of the run is left (each run's processes carry a tag in their environment, so an orphan
 is found wherever it went). Anything else is kept with its console: a failure here is a bug
@@ -63,6 +64,8 @@ class Cell:
     warm: bool = False
     """The kill waits until each node's fork template learned what the workers load (its
     events file says ``TemplateLearned``): the restart forks from it."""
+    spares: int = 0
+    """``--spares`` of in-place recovery: a spare takes the killed rank's place."""
 
     @property
     def nodes(self) -> int:
@@ -77,6 +80,7 @@ class Cell:
         parts += ["kill-9" if self.kill else "clean"]
         parts += ["token-relay"] if self.token else []
         parts += ["warm-template"] if self.warm else []
+        parts += [f"{self.spares} spare"] if self.spares else []
         return " ".join(parts)
 
 
@@ -88,6 +92,7 @@ def matrix() -> list[Cell]:
         Cell("aioelastic", "standalone", 4, kill=True),
         Cell("aioelastic", "standalone", 4, kill=True, warm=True),
         Cell("aioelastic", "standalone", 4, recovery="in-place", kill=True),
+        Cell("aioelastic", "standalone", 4, recovery="in-place", kill=True, spares=1),
         Cell("aioelastic", "static", 1),
         Cell("aioelastic", "static", 4),
         Cell("aioelastic", "static", 1, token=True),
@@ -159,6 +164,8 @@ def argv_for(cell: Cell, node: int, port: int, run_id: str, extra: Sequence[str]
         argv.append("--max-restarts=1")
     if cell.warm:
         argv.append(f"--events-file=events-{run_id}-{node}.jsonl")
+    if cell.spares:
+        argv.append(f"--spares={cell.spares}")
     if cell.recovery == "in-place":
         argv += ["--recovery=in-place", IN_PLACE]
     else:
