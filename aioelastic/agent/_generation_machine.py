@@ -373,7 +373,7 @@ class GenerationMachine:
             self._holds_state = frozenset(generation.members)
             since = None if recovery.failed_at is None else now - recovery.failed_at
             commands: list[Command] = [GenerationFormed(generation, recovery.replacements, since)]
-            for node in sorted({key.node for key in generation.members}):
+            for node in self._roster.nodes:  # a joining node's too, as it was while forming
                 commands += self._replenish(node)
             return commands + self._admit_ready_joiners(now)
         return []

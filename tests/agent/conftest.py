@@ -175,8 +175,7 @@ async def launched(
                     if process.returncode is None:
                         process.kill()
                     await process.wait()
-                # Output still in flight is read; a pipe held open by a stray process is not
-                # waited.
+                # Output in flight is read; a pipe a stray process holds open is not waited.
                 tg.cancel_scope.deadline = anyio.current_time() + 5
     finally:  # also when the block was cancelled: the loop closes after the test
         with anyio.CancelScope(shield=True):
